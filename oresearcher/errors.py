@@ -1,0 +1,26 @@
+"""User-facing errors and the thin wrapper every entry point's ``main()`` goes through.
+
+A :class:`UserError` is a mistake in what the user typed or wrote (a bad flag, a bad
+scenario file). Entry points print it as one line on stderr and exit with code 2; no
+traceback. Anything else is a bug and keeps its traceback.
+"""
+from __future__ import annotations
+
+import sys
+from typing import Callable
+
+
+class UserError(Exception):
+    """One line that tells the user what to fix; exit code 2."""
+
+
+def cli_main(main: Callable[[list[str] | None], int | None], argv=None) -> int:
+    """Run ``main(argv)``; turn UserError into one stderr line and exit code 2."""
+    try:
+        return int(main(argv) or 0)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,60 @@
+"""Agent programs and the context they run in.
+
+A program is ``program(ctx, learner) -> generator of ops``; the same generator runs in
+the simulator and on torch.distributed. :func:`get_program` maps the scenario's
+``training.strategy`` to one. The cooperative O-Researcher program lives in
+:mod:`oresearcher.programs.cooperative`.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+
+from ..scenario import Scenario
+
+_PROGRAMS = {
+    "ddp": ("oresearcher.programs.data_parallel", "ddp"),
+    "local_sgd": ("oresearcher.programs.data_parallel", "local_sgd"),
+    "diloco": ("oresearcher.programs.data_parallel", "diloco"),
+    "single": ("oresearcher.programs.data_parallel", "single"),
+    "oresearcher": ("oresearcher.programs.cooperative", "cooperative"),
+}
+
+
+@dataclass
+class AgentContext:
+    """What one rank's program knows about where it runs.
+
+    mode: "shape" (meta tensors, sim), "numeric" (real values, sim) or "real"
+    (torch.distributed). group: the ranks it trains with (None: the world).
+    """
+
+    rank: int
+    world_size: int
+    scenario: Scenario
+    mode: str = "shape"
+    device: torch.device = torch.device("cpu")
+    group: Optional[tuple] = None
+    eval_every: int = 0  # 0: never evaluate inside the loop
+
+    @property
+    def steps(self) -> int:
+        return self.scenario.training.steps
+
+    @property
+    def numeric(self) -> bool:
+        return self.mode != "shape"
+
+    def should_eval(self, step: int) -> bool:
+        last = step == self.steps - 1
+        return self.numeric and (last or (self.eval_every > 0 and (step + 1) % self.eval_every == 0))
+
+
+def get_program(strategy: str) -> Callable:
+    if strategy not in _PROGRAMS:
+        raise ValueError(f"unknown strategy {strategy!r}; known: {', '.join(_PROGRAMS)}")
+    module, name = _PROGRAMS[strategy]
+    return getattr(importlib.import_module(module), name)

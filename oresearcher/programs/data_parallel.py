@@ -1,0 +1,106 @@
+"""Baseline programs: synchronous data parallel, local SGD and DiLoCo.
+
+Each is a generator ``program(ctx, learner)`` yielding ops (see :mod:`oresearcher.ops`).
+
+- ``ddp``: all-reduce (average) the gradient buckets every step. With ``overlap`` the
+  backward pass is charged bucket by bucket and each bucket's all-reduce starts as soon
+  as its gradients exist, as torch DDP does; the numeric math of the whole backward runs
+  in the first Compute, so overlap changes timing only, never values.
+- ``local_sgd``: each agent steps alone and the group averages parameters every H steps
+  (Stich, "Local SGD Converges Fast and Communicates Little", ICLR 2019).
+- ``diloco``: local_sgd plus an outer Nesterov step on the pseudo-gradient
+  (Douillard et al., 2023).
+"""
+from __future__ import annotations
+
+from ..ops import AllReduce, Compute, StepDone, Wait
+from ..outer import OuterNesterov
+
+
+def _backward_shares(learner, buckets):
+    total = sum(b.numel() for b in buckets) or 1
+    return [learner.bwd_flops * b.numel() / total for b in buckets]
+
+
+def allreduce_grads(ctx, learner, overlap: bool):
+    """Yield one step's forward, bucketed backward and gradient all-reduce.
+
+    Returns (metrics, averaged buckets). Used by ``ddp`` and by cooperative programs.
+    """
+    metrics = yield Compute(learner.forward_backward, flops=learner.fwd_flops, name="forward")
+    buckets = yield Compute(learner.grad_buckets, name="pack")
+    shares = _backward_shares(learner, buckets)
+    if overlap:
+        handles = []
+        for i, (b, f) in enumerate(zip(buckets, shares)):
+            yield Compute(flops=f, name="backward")
+            handles.append((yield AllReduce(b, group=ctx.group, op="avg", async_op=True, name="grad_bucket")))
+        reduced = []
+        for h in handles:
+            reduced.append((yield Wait(h)))
+    else:
+        yield Compute(flops=sum(shares), name="backward")
+        reduced = []
+        for b in buckets:
+            reduced.append((yield AllReduce(b, group=ctx.group, op="avg", name="grad_bucket")))
+    return metrics, reduced
+
+
+def ddp(ctx, learner):
+    """Synchronous data parallel: every step, average gradients across the group."""
+    overlap = ctx.scenario.communication.overlap
+    for step in range(ctx.steps):
+        metrics, reduced = yield from allreduce_grads(ctx, learner, overlap)
+        yield Compute(learner.apply_grads, reduced, name="optimizer")
+        if ctx.should_eval(step):
+            metrics.update((yield Compute(learner.evaluate, name="evaluate")))
+        yield StepDone(step, metrics)
+
+
+def local_step(learner):
+    """One purely local training step: forward+backward then optimizer."""
+    metrics = yield Compute(learner.forward_backward, flops=learner.fwd_flops + learner.bwd_flops, name="fwd_bwd")
+    yield Compute(learner.optimizer_step, name="optimizer")
+    return metrics
+
+
+def average_params(ctx, learner, outer: OuterNesterov | None = None):
+    """All-reduce-average the flat parameters; with ``outer`` apply DiLoCo's outer step."""
+    flat = yield Compute(learner.flat_params, name="pack")
+    avg = yield AllReduce(flat, group=ctx.group, op="avg", name="param_average")
+    if outer is not None:
+        avg = yield Compute(outer.step, avg, name="outer_step")
+    yield Compute(learner.set_flat_params, avg, name="unpack")
+    return avg
+
+
+def _periodic(ctx, learner, outer):
+    H = ctx.scenario.training.local_steps
+    if outer is not None:
+        outer.set_anchor((yield Compute(learner.flat_params, name="pack")))
+    for step in range(ctx.steps):
+        metrics = yield from local_step(learner)
+        if (step + 1) % H == 0 and ctx.world_size > 1:
+            yield from average_params(ctx, learner, outer)
+        if ctx.should_eval(step):
+            metrics.update((yield Compute(learner.evaluate, name="evaluate")))
+        yield StepDone(step, metrics)
+
+
+def local_sgd(ctx, learner):
+    """Average parameters every ``training.local_steps`` steps."""
+    yield from _periodic(ctx, learner, None)
+
+
+def diloco(ctx, learner):
+    """Local SGD with an outer Nesterov step (lr 0.7, momentum 0.9) at each average."""
+    yield from _periodic(ctx, learner, OuterNesterov())
+
+
+def single(ctx, learner):
+    """One agent alone: local steps, no communication (the equal-compute baseline)."""
+    for step in range(ctx.steps):
+        metrics = yield from local_step(learner)
+        if ctx.should_eval(step):
+            metrics.update((yield Compute(learner.evaluate, name="evaluate")))
+        yield StepDone(step, metrics)

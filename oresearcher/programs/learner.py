@@ -1,0 +1,150 @@
+"""Learners: the local half of an agent, behind one small interface.
+
+A program (``oresearcher.programs``) decides *when* to compute and communicate; a
+learner knows *what* one agent computes: its forward/backward on the next batch, its
+gradients as flat buckets, its optimizer step, its flat parameter vector. Programs only
+touch learners through Compute ops (so backends can time them) and through the buckets
+they hand to collectives.
+
+Two kinds:
+
+- :class:`TorchLearner` wraps a real ``nn.Module`` (numeric simulation and real runs).
+- :class:`ShapeLearner` has only sizes and FLOP counts (shape mode): its buckets are
+  meta tensors, so a 70B model costs nothing to simulate.
+
+Gradient buckets follow torch DDP: parameters in reverse registration order (roughly the
+order backward produces their gradients), a bucket closes once it holds
+``bucket_bytes`` (Li et al., "PyTorch Distributed", VLDB 2020, section 3.2.3).
+"""
+from __future__ import annotations
+
+from typing import Callable, Iterator, Sequence
+
+import torch
+from torch import nn
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def bucket_sizes(numels: Sequence[int], bucket_bytes: int, element_size: int) -> list[int]:
+    """Element counts of DDP-style buckets over ``numels`` taken in reverse order.
+
+    A bucket closes as soon as it reaches ``bucket_bytes``; the last may be smaller.
+    ``sum(result) == sum(numels)``; no bucket is empty.
+    """
+    cap = max(1, bucket_bytes // element_size)
+    sizes, current = [], 0
+    for n in reversed(list(numels)):
+        current += int(n)
+        if current >= cap:
+            sizes.append(current)
+            current = 0
+    if current:
+        sizes.append(current)
+    return sizes
+
+
+class ShapeLearner:
+    """Sizes and FLOPs only; every tensor it hands out lives on the meta device."""
+
+    def __init__(self, param_numels: Sequence[int], fwd_flops: float, bwd_flops: float,
+                 dtype: torch.dtype = torch.bfloat16, bucket_bytes: int = 25 * 10**6,
+                 recompute_flops: float = 0.0):
+        self.param_numels = tuple(int(n) for n in param_numels)
+        self.numel = sum(self.param_numels)
+        self.fwd_flops, self.bwd_flops = float(fwd_flops), float(bwd_flops) + float(recompute_flops)
+        self.dtype = dtype
+        self.buckets = bucket_sizes(self.param_numels, bucket_bytes, torch.empty((), dtype=dtype).element_size())
+
+    def forward_backward(self) -> dict:
+        return {}
+
+    def grad_buckets(self) -> list[torch.Tensor]:
+        return [torch.empty(n, dtype=self.dtype, device="meta") for n in self.buckets]
+
+    def apply_grads(self, buckets: list[torch.Tensor]) -> None:
+        pass
+
+    def flat_params(self) -> torch.Tensor:
+        return torch.empty(self.numel, dtype=self.dtype, device="meta")
+
+    def set_flat_params(self, flat: torch.Tensor) -> None:
+        pass
+
+    def optimizer_step(self) -> None:
+        pass
+
+    def evaluate(self) -> dict:
+        return {}
+
+
+class TorchLearner:
+    """A real module, its optimizer and its data stream.
+
+    ``loss_fn(module, batch) -> scalar loss``; ``batches`` yields batches forever.
+    ``step_flops`` is what the simulator charges per forward+backward; measure it with
+    ``oresearcher.workloads`` (torch.utils.flop_counter), never by hand.
+    """
+
+    def __init__(self, module: nn.Module, optimizer: torch.optim.Optimizer,
+                 batches: Iterator, loss_fn: Callable, *, fwd_flops: float, bwd_flops: float,
+                 bucket_bytes: int = 25 * 10**6, eval_fn: Callable | None = None):
+        self.module, self.optimizer, self.batches, self.loss_fn = module, optimizer, batches, loss_fn
+        self.fwd_flops, self.bwd_flops = float(fwd_flops), float(bwd_flops)
+        self.params = [p for p in module.parameters() if p.requires_grad]
+        self.param_numels = tuple(p.numel() for p in self.params)
+        self.numel = sum(self.param_numels)
+        self.dtype = self.params[0].dtype
+        self.buckets = bucket_sizes(self.param_numels, bucket_bytes, self.params[0].element_size())
+        self.eval_fn = eval_fn
+
+    def forward_backward(self) -> dict:
+        """Gradients of the loss on the next batch, left in ``p.grad``."""
+        self.module.train()
+        self.optimizer.zero_grad(set_to_none=False)
+        loss = self.loss_fn(self.module, next(self.batches))
+        loss.backward()
+        return {"loss": float(loss.detach())}
+
+    def _flat_grads(self) -> torch.Tensor:
+        # reverse registration order, matching bucket_sizes
+        return torch.cat([
+            (p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in reversed(self.params)
+        ])
+
+    def grad_buckets(self) -> list[torch.Tensor]:
+        return list(self._flat_grads().split(self.buckets))
+
+    def apply_grads(self, buckets: list[torch.Tensor]) -> None:
+        """Write ``buckets`` back as the gradients and take one optimizer step."""
+        flat = torch.cat([b.reshape(-1) for b in buckets])
+        offset = 0
+        for p in reversed(self.params):
+            n = p.numel()
+            p.grad = flat[offset:offset + n].view_as(p).to(p.dtype).clone()
+            offset += n
+        self.optimizer.step()
+
+    def optimizer_step(self) -> None:
+        """One optimizer step on the gradients already in ``p.grad``."""
+        self.optimizer.step()
+
+    def flat_params(self) -> torch.Tensor:
+        return torch.nn.utils.parameters_to_vector(self.params).detach().clone()
+
+    def set_flat_params(self, flat: torch.Tensor) -> None:
+        torch.nn.utils.vector_to_parameters(flat.to(self.dtype), self.params)
+
+    def evaluate(self) -> dict:
+        if self.eval_fn is None:
+            return {}
+        self.module.eval()
+        with torch.no_grad():
+            return dict(self.eval_fn(self.module))
+
+    def state_dict(self) -> dict:
+        return {"module": self.module.state_dict(), "optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.module.load_state_dict(state["module"])
+        self.optimizer.load_state_dict(state["optimizer"])

@@ -1,0 +1,151 @@
+"""The report schema both backends write, and the timeline it is computed from.
+
+A backend records, for every rank, a list of :class:`Span` (what the rank was doing from
+``start`` to ``end``, in seconds) and the time each step ended. :func:`summarize` turns
+those into the report; because the simulator and the torch.distributed backend share it,
+``oresearcher.compare`` can put prediction beside measurement figure by figure.
+
+Definitions (per step, averaged over steps; "mean" is over ranks):
+
+- ``step_time_s``: slowest rank's time from start to its last step end, / steps.
+- ``compute_time_s``: mean time in Compute ops.
+- ``comm_time_s``: mean time collectives were in flight (issue to completion), whether
+  or not the rank was waiting for them. Overlapped communication counts here.
+- ``exposed_comm_time_s``: mean time a rank was blocked on communication (a blocking
+  collective, a Wait, a Recv) and so not computing: the part overlap did not hide.
+- ``comm_overhead``: ``exposed_comm_time_s / step_time_s``.
+- ``wire_bytes_per_step``: mean bytes one rank sent on the network per step (what the
+  collective algorithm moves, not the payload size).
+"""
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPORT_KEYS = (
+    "step_time_s", "compute_time_s", "comm_time_s", "exposed_comm_time_s",
+    "comm_overhead", "wire_bytes_per_step", "scenario",
+)
+
+
+@dataclass
+class Span:
+    """One interval of one rank's timeline.
+
+    cat: "compute" (a Compute op), "comm" (a collective in flight, issue to completion),
+    "blocked" (the rank waited on communication).
+    """
+
+    rank: int
+    cat: str
+    name: str
+    start: float
+    end: float
+    wire_bytes: int = 0
+    args: dict = field(default_factory=dict)
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+
+class Timeline:
+    """Everything one run recorded: per-rank totals, step ends, metrics, and spans.
+
+    Totals are accumulated as spans arrive, so summaries never need the span list;
+    only the first ``keep_spans`` spans are kept (for traces and timeline figures),
+    which keeps memory flat on 1,024-rank simulations.
+    """
+
+    def __init__(self, world_size: int, keep_spans: int = 200_000):
+        self.world_size = world_size
+        self.keep_spans = keep_spans
+        self.spans: list[Span] = []
+        self.totals = [defaultdict(float) for _ in range(world_size)]  # rank -> cat -> s
+        self.wire = [0] * world_size  # rank -> bytes sent
+        self.collectives = defaultdict(lambda: [0, 0.0, 0])  # name -> [count, s, bytes]
+        self.t0: float | None = None
+        self.step_ends = defaultdict(list)  # rank -> [time]
+        self.metrics = defaultdict(list)  # rank -> [(step, t, {..})]
+
+    def record(self, rank: int, cat: str, name: str, start: float, end: float,
+               wire_bytes: int = 0, args: dict | None = None) -> None:
+        if self.t0 is None or start < self.t0:
+            self.t0 = start
+        self.totals[rank][cat] += end - start
+        if cat == "comm":
+            self.wire[rank] += wire_bytes
+            c = self.collectives[name]
+            c[0] += 1
+            c[1] += end - start
+            c[2] += wire_bytes
+        if len(self.spans) < self.keep_spans:
+            self.spans.append(Span(rank, cat, name, start, end, wire_bytes, args or {}))
+
+    def add(self, span: Span) -> None:
+        self.record(span.rank, span.cat, span.name, span.start, span.end, span.wire_bytes, span.args)
+
+    def step_done(self, rank: int, step: int, t: float, metrics: dict) -> None:
+        self.step_ends[rank].append(t)
+        if metrics:
+            self.metrics[rank].append((step, t, dict(metrics)))
+
+
+def _mean(xs):
+    xs = list(xs)
+    return sum(xs) / len(xs) if xs else 0.0
+
+
+def summarize(tl: Timeline, scenario: dict, backend: str, extra: dict | None = None) -> dict:
+    """The report (a JSON-ready dict) of one run."""
+    ranks = range(tl.world_size)
+    steps = max((len(tl.step_ends[r]) for r in ranks), default=0)
+    per = max(steps, 1)
+    end = max((tl.step_ends[r][-1] for r in ranks if tl.step_ends[r]), default=0.0)
+    t0 = tl.t0 or 0.0
+    step_time = (end - t0) / per
+    exposed = _mean(tl.totals[r]["blocked"] for r in ranks) / per
+    report = {
+        "backend": backend,
+        "world_size": tl.world_size,
+        "steps": steps,
+        "step_time_s": step_time,
+        "compute_time_s": _mean(tl.totals[r]["compute"] for r in ranks) / per,
+        "comm_time_s": _mean(tl.totals[r]["comm"] for r in ranks) / per,
+        "exposed_comm_time_s": exposed,
+        "comm_overhead": exposed / step_time if step_time > 0 else 0.0,
+        "wire_bytes_per_step": _mean(tl.wire[r] for r in ranks) / per,
+        "total_time_s": end - t0,
+        "breakdown": [
+            {"name": k, "count": c, "time_s": t, "wire_bytes": b}
+            for k, (c, t, b) in sorted(tl.collectives.items())
+        ],
+        "metrics": {str(r): [{"step": s, "time_s": t, **m} for s, t, m in tl.metrics[r]] for r in ranks if tl.metrics[r]},
+        "scenario": scenario,
+    }
+    if extra:
+        report.update(extra)
+    return report
+
+
+def _clean(x):
+    """JSON cannot hold NaN/inf: write them as null so every reader can parse the file."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _clean(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_clean(v) for v in x]
+    return x
+
+
+def write_json(path: Path, obj) -> None:
+    """Write JSON atomically (temp file then rename), sorted keys: byte-identical reruns."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(_clean(obj), indent=1, sort_keys=True) + "\n")
+    tmp.replace(path)

@@ -1,0 +1,68 @@
+"""synthetic-lm: a language-model preset trained on a synthetic token stream.
+
+The simulator's scenarios name transformer presets (``oresearcher.models.PRESETS``) with
+no dataset behind them. Real runs train them on a generated stream so the identical
+scenario can be simulated and then measured. The stream is a noisy first-order Markov
+chain: with probability ``1 - noise`` the next token is ``perm[token]`` for a fixed random
+permutation drawn from the scenario seed, otherwise uniform. It is learnable (the loss
+falls from log V towards the chain's entropy), costs nothing to generate and is the same
+on every backend.
+
+In shape mode the learner is a :class:`ShapeLearner` with the FLOPs and parameter sizes
+measured by :func:`oresearcher.workloads.measure_lm` on the meta device.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..models import PRESETS, build_model, lm_loss
+from ..programs.learner import DTYPES, ShapeLearner, TorchLearner
+from ..workloads import measure_lm
+
+NOISE = 0.1
+
+
+def micro_batch(scenario) -> int:
+    """Samples per agent per step: the global batch split over the agents."""
+    return max(1, math.ceil(scenario.workload.global_batch / scenario.agents.count))
+
+
+def token_stream(vocab: int, batch: int, seq_len: int, seed: int, rank: int, noise: float = NOISE):
+    """Infinite iterator of LongTensor[batch, seq_len + 1] (inputs + shifted targets)."""
+    table = torch.Generator().manual_seed(seed)
+    perm = torch.randperm(vocab, generator=table)
+    gen = torch.Generator().manual_seed(seed * 1_000_003 + rank + 1)
+    while True:
+        x = torch.empty(batch, seq_len + 1, dtype=torch.long)
+        x[:, 0] = torch.randint(vocab, (batch,), generator=gen)
+        jumps = torch.rand(batch, seq_len, generator=gen) < noise
+        rand = torch.randint(vocab, (batch, seq_len), generator=gen)
+        for t in range(seq_len):
+            x[:, t + 1] = torch.where(jumps[:, t], rand[:, t], perm[x[:, t]])
+        yield x
+
+
+def make_learner(scenario, rank: int, *, mode: str, device="cpu"):
+    w, comm = scenario.workload, scenario.communication
+    if w.model not in PRESETS:
+        raise ValueError(f"unknown model preset {w.model!r}; known: {', '.join(PRESETS)}")
+    mb = micro_batch(scenario)
+    cost = measure_lm(w.model, mb, w.seq_len, w.dtype, w.activation_checkpointing)
+    if mode == "shape":
+        return ShapeLearner(cost.param_numels, cost.fwd_flops, cost.bwd_flops, DTYPES[w.dtype],
+                            comm.bucket_bytes, recompute_flops=cost.recompute_flops)
+    torch.manual_seed(scenario.seed)  # every agent starts as a clone of one base model
+    model = build_model(w.model, device=device, dtype=torch.float32 if w.dtype == "fp32" else DTYPES[w.dtype])
+    vocab = PRESETS[w.model].vocab_size
+    stream = token_stream(vocab, mb, w.seq_len, scenario.seed, rank)
+    batches = (b.to(device) for b in stream)
+    optimizer = (torch.optim.AdamW(model.parameters(), lr=scenario.training.lr) if w.optimizer == "adamw"
+                 else torch.optim.SGD(model.parameters(), lr=scenario.training.lr))
+
+    def loss_fn(module, batch):
+        return lm_loss(module(batch[:, :-1]), batch[:, 1:])
+
+    return TorchLearner(model, optimizer, batches, loss_fn, fwd_flops=cost.fwd_flops,
+                        bwd_flops=cost.bwd_flops + cost.recompute_flops, bucket_bytes=comm.bucket_bytes)

@@ -1,0 +1,178 @@
+"""The SimPy interpreter: one process per rank, ops priced on a modelled cluster.
+
+Each rank's program runs as a SimPy process. A Compute op takes
+``flops / achieved FLOP/s + host overhead`` of simulated time (and, in numeric mode, runs
+its function). A collective completes when every member of its group has issued it; its
+duration comes from the collective algorithm (:mod:`.collectives`) moving flows over the
+max-min fair network (:mod:`.network`), so concurrent collectives slow each other down.
+Results follow :func:`oresearcher.ops.collective_results`, the same definition the
+reference interpreter and torch.distributed follow; in shape mode the tensors are meta
+tensors and only sizes flow.
+
+Nothing here reads the wall clock or global randomness: the same programs on the same
+topology give the same timeline, event for event.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+
+import simpy
+
+from oresearcher import ops as O
+from oresearcher.report import Timeline
+
+from . import collectives as C
+
+
+class CollectiveMismatch(RuntimeError):
+    pass
+
+
+class _Instance:
+    __slots__ = ("kind", "ranks", "ops", "issued", "done", "results", "name")
+
+    def __init__(self, env, kind, ranks, name):
+        self.kind, self.ranks, self.name = kind, ranks, name
+        self.ops, self.issued = {}, {}
+        self.done = env.event()
+        self.results = None
+
+
+class Engine:
+    """Interprets ops for ``world_size`` ranks on ``topo`` with ``device`` compute."""
+
+    def __init__(self, topo, device, dtype: str = "bf16", algorithm: str = "auto",
+                 timeline: Timeline | None = None, env: simpy.Environment | None = None):
+        self.env = env or simpy.Environment()
+        self.topo, self.device, self.algorithm = topo, device, algorithm
+        self.world_size = topo.world_size
+        self.rate = device.flops_per_s(dtype)
+        self.host = device.host_overhead_s
+        self.tl = timeline or Timeline(self.world_size)
+        from .network import FlowNetwork
+
+        self.net = FlowNetwork(self.env, topo.capacity)
+        self._seq = defaultdict(int)
+        self._pending = {}
+        self._plans = {}
+        self.on_step = None  # callback(rank, step) for progress bars
+        self.ops_done = 0  # ops interpreted, for events-per-second figures
+
+    # -- public -----------------------------------------------------------------
+    def run(self, programs) -> Timeline:
+        if len(programs) != self.world_size:
+            raise ValueError(f"{len(programs)} programs for world size {self.world_size}")
+        procs = [self.env.process(self._rank(r, g)) for r, g in enumerate(programs)]
+        self.env.run()
+        stuck = [r for r, p in enumerate(procs) if p.is_alive]
+        if stuck:
+            waiting = sorted({(i.kind, i.ranks) for i in self._pending.values()})
+            raise RuntimeError(f"deadlock: ranks {stuck} never finished; collectives waiting: {waiting[:3]}")
+        return self.tl
+
+    # -- rank process -------------------------------------------------------------
+    def _rank(self, rank, gen):
+        env, tl = self.env, self.tl
+        val = None
+        while True:
+            try:
+                op = gen.send(val)
+            except StopIteration:
+                return
+            val = None
+            self.ops_done += 1
+            if isinstance(op, O.Compute):
+                start = env.now
+                if op.fn is not None:
+                    val = op.fn(*op.args, **op.kwargs)
+                yield env.timeout(op.flops / self.rate + self.host)
+                tl.record(rank, "compute", op.name, start, env.now)
+            elif isinstance(op, O.Collective):
+                inst = self._arrive(rank, op, op.kind, O.resolve_group(op.group, self.world_size))
+                if op.async_op:
+                    val = O.Handle(op, inst)
+                else:
+                    val = yield from self._block(rank, inst)
+            elif isinstance(op, O.Wait):
+                val = yield from self._block(rank, op.handle.token)
+            elif isinstance(op, O.Send):
+                inst = self._arrive(rank, op, "SendRecv", (rank, op.dst))
+                yield from self._block(rank, inst)
+            elif isinstance(op, O.Recv):
+                inst = self._arrive(rank, op, "SendRecv", (op.src, rank))
+                val = yield from self._block(rank, inst)
+            elif isinstance(op, O.StepDone):
+                tl.step_done(rank, op.step, env.now, op.metrics)
+                if self.on_step is not None:
+                    self.on_step(rank, op.step)
+            else:
+                raise TypeError(f"rank {rank} yielded {op!r}, which is not an op")
+
+    def _block(self, rank, inst):
+        start = self.env.now
+        if not inst.done.triggered:
+            yield inst.done
+        self.tl.record(rank, "blocked", inst.name, start, self.env.now)
+        return inst.results[rank]
+
+    # -- collectives ----------------------------------------------------------------
+    def _arrive(self, rank, op, kind, ranks):
+        if rank not in ranks:
+            raise ValueError(f"rank {rank} issued {kind} on group {ranks} it is not in")
+        key = (kind, ranks, self._seq[rank, kind == "SendRecv", ranks])
+        self._seq[rank, kind == "SendRecv", ranks] += 1
+        inst = self._pending.get(key)
+        if inst is None:
+            inst = self._pending[key] = _Instance(self.env, kind, ranks, op.name)
+        elif kind != "SendRecv" and type(next(iter(inst.ops.values()))) is not type(op):
+            raise CollectiveMismatch(f"group {ranks}: {inst.kind} met {op.kind}")
+        inst.ops[rank] = op
+        inst.issued[rank] = self.env.now
+        if len(inst.ops) == len(ranks):
+            del self._pending[key]
+            self.env.process(self._run(inst))
+        return inst
+
+    def _results(self, inst):
+        if inst.kind == "SendRecv":
+            src, dst = inst.ranks
+            return {src: None, dst: inst.ops[src].tensor.clone()}
+        ordered = [inst.ops[r] for r in inst.ranks]
+        sizes = {O.payload_bytes(o) for o in ordered}
+        if len(sizes) > 1 and inst.kind != "AllGather":
+            raise CollectiveMismatch(f"{inst.kind} on {inst.ranks}: payload sizes differ {sorted(sizes)}")
+        return dict(zip(inst.ranks, O.collective_results(inst.kind, ordered, inst.ranks)))
+
+    def _plan(self, inst):
+        """Fixed cost, [(latency, [(route, bytes)])] and bytes per rank; cached."""
+        first = inst.ops[inst.ranks[0]]
+        nbytes = max(O.payload_bytes(o) for o in inst.ops.values())
+        root = getattr(first, "src", None) if inst.kind == "Broadcast" else None
+        requested = getattr(first, "algorithm", None) or self.algorithm
+        key = (inst.kind, inst.ranks, nbytes, root, requested)
+        plan = self._plans.get(key)
+        if plan is None:
+            algo = C.choose_algorithm(inst.kind, inst.ranks, nbytes, self.topo, requested) if len(inst.ranks) > 1 else "ring"
+            ph = C.phases(inst.kind, algo, inst.ranks, nbytes, self.topo.node_of, root)
+            steps = [(C.phase_latency(p, self.topo),
+                      [(self.topo.route(s, d), b) for s, d, b in p.flows if b > 0 and s != d]) for p in ph]
+            wire = {r: C.wire_bytes(ph, r) for r in inst.ranks}
+            fixed = C.fixed_cost(inst.kind, inst.ranks, self.topo) if len(inst.ranks) > 1 else 0.0
+            plan = self._plans[key] = (fixed, steps, wire, algo)
+        return plan
+
+    def _run(self, inst):
+        env = self.env
+        inst.results = self._results(inst)
+        fixed, steps, wire, algo = self._plan(inst)
+        if fixed:
+            yield env.timeout(fixed)
+        for latency, flows in steps:
+            if latency:
+                yield env.timeout(latency)
+            if flows:
+                yield self.net.transfer(flows)
+        for r in inst.ranks:
+            self.tl.record(r, "comm", inst.name, inst.issued[r], env.now, int(wire[r]),
+                           {"kind": inst.kind, "algorithm": algo})
+        inst.done.succeed()

@@ -1,0 +1,131 @@
+"""Hardware profiles: devices (compute, memory) and fabrics (links, protocol costs).
+
+Profiles are YAML data files (``sim/profiles/*.yaml``, one profile per document; a file
+may hold several documents, as ``oresearcher.calibrate`` writes). Numbers in files carry
+their unit in the field name; :func:`DeviceProfile` / :func:`FabricProfile` expose them
+converted once to seconds, bytes and bytes/s.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal, Optional
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from oresearcher.errors import UserError
+
+PROFILE_DIR = Path(__file__).parent / "profiles"
+GB = 10**9
+US = 1e-6
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DeviceProfile(_Strict):
+    kind: Literal["device"] = "device"
+    name: str
+    peak_flops: dict[Literal["fp32", "bf16", "fp16"], float] = Field(description="FLOP/s per dtype, dense")
+    efficiency: float = Field(gt=0, le=1, description="fraction of peak reached in training")
+    memory_bytes: float = Field(gt=0, description="device memory, bytes")
+    host_overhead_us: float = Field(ge=0, description="per Compute op fixed cost, microseconds")
+
+    def flops_per_s(self, dtype: str) -> float:
+        """Achieved FLOP/s for ``dtype`` (peak x efficiency)."""
+        peak = self.peak_flops.get(dtype) or self.peak_flops.get("fp32")
+        if not peak or peak <= 0:
+            raise UserError(f"device profile {self.name}: no positive peak_flops for {dtype}")
+        return peak * self.efficiency
+
+    @property
+    def host_overhead_s(self) -> float:
+        return self.host_overhead_us * US
+
+
+class FabricProfile(_Strict):
+    kind: Literal["fabric"] = "fabric"
+    name: str
+    topology: Literal["switch", "pcie", "network"]
+    bandwidth_GBps: float = Field(gt=0, description="GB/s per direction per port (GB = 1e9 bytes)")
+    efficiency: float = Field(gt=0, le=1, description="achievable fraction of bandwidth_GBps")
+    shared_bandwidth_GBps: Optional[float] = Field(None, gt=0, description="pcie: shared host bridge, GB/s")
+    base_latency_us: float = Field(ge=0, description="per collective, microseconds")
+    hop_latency_us: float = Field(ge=0, description="per algorithm step, microseconds")
+    call_overhead_us: float = Field(ge=0, description="per collective call on the host, microseconds")
+
+    @property
+    def bandwidth(self) -> float:
+        """Achievable bytes/s per direction per port."""
+        return self.bandwidth_GBps * GB * self.efficiency
+
+    @property
+    def shared_bandwidth(self) -> Optional[float]:
+        return None if self.shared_bandwidth_GBps is None else self.shared_bandwidth_GBps * GB * self.efficiency
+
+    @property
+    def base_latency(self) -> float:
+        return self.base_latency_us * US
+
+    @property
+    def hop_latency(self) -> float:
+        return self.hop_latency_us * US
+
+    @property
+    def call_overhead(self) -> float:
+        return self.call_overhead_us * US
+
+
+def _parse(doc, source: str):
+    if not isinstance(doc, dict):
+        raise UserError(f"{source}: a profile must be a mapping, got {type(doc).__name__}")
+    model = {"device": DeviceProfile, "fabric": FabricProfile}.get(doc.get("kind"))
+    if model is None:
+        raise UserError(f"{source}: kind: must be 'device' or 'fabric' (got {doc.get('kind')!r})")
+    try:
+        return model.model_validate(doc)
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = ".".join(str(p) for p in err["loc"])
+        raise UserError(f"{source}: {doc.get('name', '?')}.{loc}: {err['msg']} (got {err.get('input')!r})") from None
+
+
+def load_profile_file(path: str | Path) -> list:
+    """All profiles in one YAML file (several documents allowed)."""
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"{p}: no such profile file")
+    try:
+        docs = [d for d in yaml.safe_load_all(p.read_text()) if d is not None]
+    except yaml.YAMLError as e:
+        raise UserError(f"{p}: YAML syntax error: {getattr(e, 'problem', e)}") from None
+    return [_parse(d, str(p)) for d in docs]
+
+
+@lru_cache(maxsize=None)
+def builtin_profiles() -> dict:
+    out = {}
+    for f in sorted(PROFILE_DIR.glob("*.yaml")):
+        for prof in load_profile_file(f):
+            out[(prof.kind, prof.name)] = prof
+    return out
+
+
+def catalogue(extra_files=(), base_dir: Path = Path(".")) -> dict:
+    """Built-in profiles plus those in ``extra_files`` (relative to ``base_dir``)."""
+    cat = dict(builtin_profiles())
+    for f in extra_files:
+        path = Path(f) if Path(f).is_absolute() else base_dir / f
+        for prof in load_profile_file(path):
+            cat[(prof.kind, prof.name)] = prof
+    return cat
+
+
+def lookup(cat: dict, kind: str, name: str, where: str):
+    prof = cat.get((kind, name))
+    if prof is None:
+        known = ", ".join(sorted(n for k, n in cat if k == kind))
+        raise UserError(f"{where}: unknown {kind} profile {name!r} (known: {known})")
+    return prof

@@ -1,0 +1,149 @@
+"""Per-GPU memory of one data-parallel replica, and what to change when it does not fit.
+
+Parts (all bytes, "GB" = 10^9 bytes):
+
+- weights, grads, optimizer_state: per parameter, by the mixed-precision convention of
+  ZeRO (Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training Trillion
+  Parameter Models", section 3.1): with bf16/fp16 training each parameter holds a 2-byte
+  working weight, a 2-byte gradient and K = 12 bytes of optimizer state (fp32 master
+  weight + Adam's two fp32 moments): 2 + 2 + 12 = 16 bytes/param. SGD keeps an fp32
+  master weight and one fp32 momentum buffer: K = 8. In fp32 training there is no master
+  copy: 4 + 4 + 8 (AdamW) or 4 + 4 + 4 (SGD with momentum).
+- activations: the saved-for-backward bytes measured by ``oresearcher.workloads``
+  (with or without per-block activation checkpointing) at the given micro batch.
+- codec_buffers: what the gradient codec keeps (error-feedback residuals, compressed
+  send/receive buffers); the caller passes it.
+
+Not modelled: the CUDA context and allocator fragmentation (a few GB on a real device;
+pass a smaller ``device_memory_bytes`` to keep headroom), transient buffers of a single
+kernel, and sharded states (ZeRO/FSDP): a replica here holds everything.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Optional
+
+from oresearcher.workloads import LMCost
+
+OPTIMIZERS = ("adamw", "sgd")
+
+# (weight, grad, optimizer state) bytes per parameter; see the module docstring.
+_BYTES_PER_PARAM = {
+    ("mixed", "adamw"): (2, 2, 12),
+    ("mixed", "sgd"): (2, 2, 8),
+    ("fp32", "adamw"): (4, 4, 8),
+    ("fp32", "sgd"): (4, 4, 4),
+}
+
+
+def bytes_per_param(dtype: str, optimizer: str) -> tuple[int, int, int]:
+    """(weight, grad, optimizer state) bytes per parameter for training dtype and optimizer."""
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {optimizer!r}")
+    if dtype not in ("bf16", "fp16", "fp32"):
+        raise ValueError(f"dtype must be bf16, fp16 or fp32, got {dtype!r}")
+    return _BYTES_PER_PARAM["fp32" if dtype == "fp32" else "mixed", optimizer]
+
+
+def format_bytes(n: float) -> str:
+    """'12.3 GB' (10^9 bytes), or MB / kB / B for smaller amounts."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{int(n)} B"
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Per-GPU bytes by part. ``fix_micro_batch``/``fix_checkpointing`` is the first
+    setting found to fit (None when it already fits or only sharding would help)."""
+
+    weights: int
+    grads: int
+    optimizer_state: int
+    activations: int
+    codec_buffers: int
+    total: int
+    device_memory_bytes: int
+    fits: bool
+    advice: str = ""
+    fix_micro_batch: Optional[int] = None
+    fix_checkpointing: Optional[bool] = None
+
+    @property
+    def model_states(self) -> int:
+        """weights + grads + optimizer state: what no micro batch setting can shrink."""
+        return self.weights + self.grads + self.optimizer_state
+
+
+def _estimate(cost: LMCost, micro_batch: int, dtype: str, optimizer: str,
+              checkpointing: bool, codec_buffer_bytes: int,
+              device_memory_bytes: int) -> MemoryEstimate:
+    w, g, o = bytes_per_param(dtype, optimizer)
+    acts = cost.at_micro_batch(micro_batch).saved_activation_bytes(checkpointing)
+    parts = (w * cost.params, g * cost.params, o * cost.params, acts, codec_buffer_bytes)
+    total = sum(parts)
+    return MemoryEstimate(*parts, total=total, device_memory_bytes=device_memory_bytes,
+                          fits=total <= device_memory_bytes)
+
+
+def _candidates(micro_batch: int, checkpointing: bool):
+    """Settings to try, in order: checkpointing alone; halving the micro batch (repeat)
+    at the current checkpointing setting; then both."""
+    halvings = []
+    m = micro_batch // 2
+    while m >= 1:
+        halvings.append(m)
+        m //= 2
+    if not checkpointing:
+        yield micro_batch, True
+    yield from ((m, checkpointing) for m in halvings)
+    if not checkpointing:
+        yield from ((m, True) for m in halvings)
+
+
+def estimate_memory(cost: LMCost, *, micro_batch: Optional[int] = None,
+                    dtype: Optional[str] = None, optimizer: str = "adamw",
+                    checkpointing: Optional[bool] = None, codec_buffer_bytes: int = 0,
+                    device_memory_bytes: int) -> MemoryEstimate:
+    """Per-GPU memory of training ``cost``'s model; ``None`` takes the value from ``cost``.
+
+    When it does not fit, ``advice`` names the first option that does, checked by
+    recomputing with it: enable activation checkpointing, halve the micro batch
+    (repeatedly), both, or else model sharding.
+    """
+    mb = cost.micro_batch if micro_batch is None else micro_batch
+    ckpt = cost.checkpointing if checkpointing is None else checkpointing
+    dtype = cost.dtype if dtype is None else dtype
+    if dtype != cost.dtype:
+        raise ValueError(f"cost was measured in {cost.dtype}, not {dtype}: "
+                         f"measure_lm(..., dtype={dtype!r}) first")
+    if mb < 1 or codec_buffer_bytes < 0 or device_memory_bytes <= 0:
+        raise ValueError("need micro_batch >= 1, codec_buffer_bytes >= 0, device memory > 0")
+    args = (dtype, optimizer)
+    tail = (codec_buffer_bytes, device_memory_bytes)
+    est = _estimate(cost, mb, *args, ckpt, *tail)
+    if est.fits:
+        return est
+    of = f"of {format_bytes(device_memory_bytes)}"
+    for m, c in _candidates(mb, ckpt):
+        trial = _estimate(cost, m, *args, c, *tail)
+        if trial.fits:
+            steps = []
+            if c != ckpt:
+                steps.append("enable activation checkpointing")
+            if m != mb:
+                steps.append(f"reduce micro batch from {mb} to {m}")
+            advice = f"{' and '.join(steps)} (then {format_bytes(trial.total)} {of})"
+            return _with(est, advice, m, c)
+    advice = (f"needs model sharding (ZeRO/FSDP): the weights+grads+optimizer state "
+              f"alone need {format_bytes(est.model_states)} {of}")
+    if est.model_states <= device_memory_bytes:
+        least = _estimate(cost, 1, *args, True, *tail)
+        advice += (f", and even micro batch 1 with activation checkpointing needs "
+                   f"{format_bytes(least.total)}")
+    return _with(est, advice, None, None)
+
+
+def _with(est: MemoryEstimate, advice: str, m, c) -> MemoryEstimate:
+    return replace(est, advice=advice, fix_micro_batch=m, fix_checkpointing=c)

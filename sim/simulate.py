@@ -1,0 +1,96 @@
+"""Scenario in, report out: assemble profiles, topology, learners and programs, run.
+
+``simulate(scenario)`` is what the CLI, the sweeps, the benchmarks and the other
+packages call. It returns the report dict (schema in :mod:`oresearcher.report`) and the
+:class:`~oresearcher.report.Timeline` the figures and the trace are drawn from.
+"""
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from oresearcher.errors import UserError
+from oresearcher.programs import AgentContext, get_program
+from oresearcher.report import Timeline, summarize
+from oresearcher.scenario import Scenario, scenario_dir
+from oresearcher.tasks import make_learner
+
+from .engine import Engine
+from .hardware import catalogue, lookup
+from .topology import build_topology
+
+log = logging.getLogger(__name__)
+
+
+def resolve_mode(scenario: Scenario) -> str:
+    mode = scenario.simulation.mode
+    if mode == "auto":
+        return "shape" if scenario.workload.task == "synthetic-lm" else "numeric"
+    if mode == "shape" and scenario.workload.task != "synthetic-lm":
+        raise UserError(f"simulation.mode: shape mode needs workload.task synthetic-lm (got {scenario.workload.task!r})")
+    return mode
+
+
+def build_cluster(scenario: Scenario):
+    """(device profile, topology) for the scenario; UserError names the bad field."""
+    cl = scenario.cluster
+    cat = catalogue(cl.profile_files, scenario_dir(scenario))
+    src = str(getattr(scenario, "_source", None) or scenario.name)
+    device = lookup(cat, "device", cl.device, f"{src}: cluster.device")
+    intra = lookup(cat, "fabric", cl.intra_node, f"{src}: cluster.intra_node")
+    inter = lookup(cat, "fabric", cl.inter_node, f"{src}: cluster.inter_node") if cl.inter_node else None
+    topo = build_topology(scenario.world_size, cl.gpus_per_node, intra, inter, cl.nics_per_node)
+    return device, topo
+
+
+def memory_report(scenario: Scenario, device) -> dict | None:
+    """Per-GPU memory estimate of an LM workload, or None for small tasks."""
+    if scenario.workload.task != "synthetic-lm":
+        return None
+    from oresearcher.tasks.synthetic_lm import micro_batch
+    from oresearcher.workloads import measure_lm
+
+    from .memory import estimate_memory
+
+    w = scenario.workload
+    cost = measure_lm(w.model, micro_batch(scenario), w.seq_len, w.dtype, w.activation_checkpointing)
+    codec = scenario.communication.codec
+    codec_bytes = 0
+    if codec != "none":
+        from oresearcher.codecs import build as build_codec
+
+        # one encoded copy of the gradients plus the gathered/decoded buffer
+        codec_bytes = 2 * build_codec(codec).wire_bytes(cost.params)
+    est = estimate_memory(cost, micro_batch=micro_batch(scenario), dtype=w.dtype, optimizer=w.optimizer,
+                          checkpointing=w.activation_checkpointing, codec_buffer_bytes=codec_bytes,
+                          device_memory_bytes=int(device.memory_bytes))
+    return {k: getattr(est, k) for k in ("weights", "grads", "optimizer_state", "activations",
+                                          "codec_buffers", "total", "fits", "advice")}
+
+
+def simulate(scenario: Scenario, *, mode: str | None = None, on_step=None, keep_spans: int = 200_000):
+    """Run ``scenario`` in the simulator; returns (report dict, Timeline)."""
+    mode = mode or resolve_mode(scenario)
+    device, topo = build_cluster(scenario)
+    n = scenario.world_size
+    torch_device = torch.device("meta") if mode == "shape" else torch.device("cpu")
+    try:
+        learners = [make_learner(scenario, r, mode=mode, device=torch_device) for r in range(n)]
+        program = get_program(scenario.training.strategy)
+    except ValueError as e:
+        raise UserError(f"{getattr(scenario, '_source', scenario.name)}: {e}") from None
+    ctxs = [AgentContext(rank=r, world_size=n, scenario=scenario, mode=mode, device=torch_device) for r in range(n)]
+    engine = Engine(topo, device, scenario.workload.dtype, scenario.communication.algorithm,
+                    Timeline(n, keep_spans=keep_spans))
+    engine.on_step = on_step
+    tl = engine.run([program(c, l) for c, l in zip(ctxs, learners)])
+    extra = {
+        "mode": mode,
+        "device": device.name,
+        "fabric": {"intra_node": topo.intra.name, "inter_node": topo.inter.name if topo.inter else None},
+        "ops_interpreted": engine.ops_done,
+        "memory": memory_report(scenario, device),
+    }
+    report = summarize(tl, scenario.resolved(), backend="sim", extra=extra)
+    return report, tl

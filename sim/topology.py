@@ -1,0 +1,90 @@
+"""Cluster topology: the links, and the route a byte takes from one rank to another.
+
+Rank r sits on node ``r // gpus_per_node`` (agents fill the first GPUs). Links are
+directional with a capacity in bytes/s (already times the fabric's efficiency):
+
+- switch (NVSwitch, loopback): every rank has an up and a down port into a non-blocking
+  switch; a -> b on one node crosses ``up[a], down[b]``.
+- pcie: the same ports, plus one shared host-bridge link per node that every
+  intra-node transfer crosses (PCIe peers share the root complex).
+- multi-node: each node has ``nics_per_node`` NICs, each with an up and a down link into
+  a non-blocking fat tree. Local GPU i uses NIC ``i * nics // gpus_per_node`` (rail
+  alignment, as DGX nodes pair GPUs and NICs); a -> b across nodes crosses
+  ``nic_up[node(a), nic(a)], nic_down[node(b), nic(b)]``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from .hardware import FabricProfile
+
+
+@dataclass
+class Topology:
+    world_size: int
+    gpus_per_node: int
+    intra: FabricProfile
+    inter: Optional[FabricProfile] = None
+    nics_per_node: int = 1
+    capacity: list = field(default_factory=list)  # bytes/s per link
+    names: list = field(default_factory=list)
+    _routes: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        g = self.gpus_per_node
+        self.nodes = (self.world_size + g - 1) // g
+        self.node_of = [r // g for r in range(self.world_size)]
+        self.up = [self._link(f"r{r}.up", self.intra.bandwidth) for r in range(self.world_size)]
+        self.down = [self._link(f"r{r}.down", self.intra.bandwidth) for r in range(self.world_size)]
+        self.bridge = []
+        if self.intra.topology == "pcie" and self.intra.shared_bandwidth:
+            self.bridge = [self._link(f"n{n}.bridge", self.intra.shared_bandwidth) for n in range(self.nodes)]
+        self.nic_up, self.nic_down = {}, {}
+        if self.nodes > 1:
+            if self.inter is None:
+                raise ValueError("multi-node topology needs an inter-node fabric")
+            for n in range(self.nodes):
+                for k in range(self.nics_per_node):
+                    self.nic_up[n, k] = self._link(f"n{n}.nic{k}.up", self.inter.bandwidth)
+                    self.nic_down[n, k] = self._link(f"n{n}.nic{k}.down", self.inter.bandwidth)
+
+    def _link(self, name: str, capacity: float) -> int:
+        self.names.append(name)
+        self.capacity.append(float(capacity))
+        return len(self.capacity) - 1
+
+    def nic(self, rank: int) -> int:
+        return (rank % self.gpus_per_node) * self.nics_per_node // self.gpus_per_node
+
+    def same_node(self, a: int, b: int) -> bool:
+        return self.node_of[a] == self.node_of[b]
+
+    def route(self, src: int, dst: int) -> tuple:
+        """Link ids a transfer from ``src`` to ``dst`` crosses (empty for src == dst)."""
+        key = (src, dst)
+        r = self._routes.get(key)
+        if r is None:
+            if src == dst:
+                r = ()
+            elif self.same_node(src, dst):
+                mid = (self.bridge[self.node_of[src]],) if self.bridge else ()
+                r = (self.up[src], *mid, self.down[dst])
+            else:
+                r = (self.nic_up[self.node_of[src], self.nic(src)], self.nic_down[self.node_of[dst], self.nic(dst)])
+            self._routes[key] = r
+        return r
+
+    def hop_latency(self, src: int, dst: int) -> float:
+        return self.intra.hop_latency if self.same_node(src, dst) else self.inter.hop_latency
+
+    def protocol(self, ranks) -> FabricProfile:
+        """The fabric whose protocol costs a collective over ``ranks`` pays."""
+        if self.inter is not None and len({self.node_of[r] for r in ranks}) > 1:
+            return self.inter
+        return self.intra
+
+
+def build_topology(world_size: int, gpus_per_node: int, intra: FabricProfile,
+                   inter: Optional[FabricProfile] = None, nics_per_node: int = 1) -> Topology:
+    return Topology(world_size, gpus_per_node, intra, inter, nics_per_node)
