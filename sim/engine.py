@@ -119,13 +119,14 @@ class Engine:
     def _arrive(self, rank, op, kind, ranks):
         if rank not in ranks:
             raise ValueError(f"rank {rank} issued {kind} on group {ranks} it is not in")
-        key = (kind, ranks, self._seq[rank, kind == "SendRecv", ranks])
-        self._seq[rank, kind == "SendRecv", ranks] += 1
+        p2p = kind == "SendRecv"
+        key = (p2p, ranks, self._seq[rank, p2p, ranks])  # k-th call on a group meets k-th
+        self._seq[rank, p2p, ranks] += 1
         inst = self._pending.get(key)
         if inst is None:
             inst = self._pending[key] = _Instance(self.env, kind, ranks, op.name)
-        elif kind != "SendRecv" and type(next(iter(inst.ops.values()))) is not type(op):
-            raise CollectiveMismatch(f"group {ranks}: {inst.kind} met {op.kind}")
+        elif inst.kind != kind:
+            raise CollectiveMismatch(f"group {ranks}: {inst.kind} met {kind}")
         inst.ops[rank] = op
         inst.issued[rank] = self.env.now
         if len(inst.ops) == len(ranks):

@@ -4,8 +4,12 @@ A *flow* moves ``nbytes`` along a route of directional links. At every moment th
 active flows' rates are the max-min fair allocation (progressive filling, Bertsekas &
 Gallager, "Data Networks", section 6.5.2): no flow can get faster without slowing a
 flow that is already no faster. Rates are recomputed whenever a flow starts or ends,
-so two groups talking over one link at once slow each other down, and adding a flow
-never speeds anything up.
+so two groups talking over one link at once slow each other down.
+
+Max-min fairness is not monotone flow by flow: a new flow can slow flow A at one link
+and so free capacity for flow B at another, and B speeds up. What the tests check is
+the property that matters for a collective: adding a concurrent flow never lets a
+collective (all its flows) finish earlier (tests/sim/test_network.py).
 
 :func:`maxmin_rates` is the pure math (property-tested); :class:`FlowNetwork` is the
 thin SimPy shell that advances remaining bytes between events.

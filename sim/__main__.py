@@ -1,0 +1,192 @@
+"""Predict step time and communication overhead of a scenario on a modelled cluster.
+
+    python -m oresearcher.sim scenarios/8xA100.yaml
+    python -m oresearcher.sim scenarios/8xA100.yaml --out runs/8xA100 --set training.steps=50
+    python -m oresearcher.sim scenarios/8xA100.yaml --sweep communication.bucket_size_MB=5,25,100
+    python -m oresearcher.sim scenarios/8xA100.yaml --collective-bench all_reduce
+
+Writes report.json, timeline.png, breakdown.png and trace.json (open it in
+ui.perfetto.dev) to --out (default runs/<scenario name>). Bad input: one line on
+stderr, exit code 2.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+from rich.table import Table
+
+from oresearcher import plots
+from oresearcher.errors import UserError, cli_main
+from oresearcher.report import write_json
+from oresearcher.scenario import load_scenario, parse_override
+from oresearcher.trace import write_trace
+
+from .bench import OPS, collective_bench
+from .hardware import GB
+from .simulate import build_cluster, simulate
+
+console = Console(stderr=False)
+
+
+def _ms(x):
+    return f"{x * 1e3:,.3f} ms"
+
+
+def _bytes(x):
+    return f"{x / GB:,.3f} GB" if x >= 1e7 else f"{x / 1e6:,.3f} MB"
+
+
+def print_report(report: dict, title: str) -> None:
+    t = Table(title=title, show_header=True, header_style="bold")
+    t.add_column("per step (mean over ranks)")
+    t.add_column("predicted", justify="right")
+    t.add_row("step time", _ms(report["step_time_s"]))
+    t.add_row("compute time", _ms(report["compute_time_s"]))
+    t.add_row("communication time (in flight)", _ms(report["comm_time_s"]))
+    t.add_row("exposed communication time", _ms(report["exposed_comm_time_s"]))
+    t.add_row("communication overhead (exposed / step)", f"{report['comm_overhead']:.2%}")
+    t.add_row("bytes on the wire per rank", _bytes(report["wire_bytes_per_step"]))
+    console.print(t)
+    steps, ws = max(report["steps"], 1), max(report["world_size"], 1)
+    if report["breakdown"]:
+        b = Table(title="per collective", header_style="bold")
+        for col in ("collective", "calls/step/rank", "in flight/step/rank", "wire/step/rank"):
+            b.add_column(col, justify="right" if col != "collective" else "left")
+        for row in report["breakdown"]:
+            b.add_row(row["name"], f"{row['count'] / steps / ws:g}", _ms(row["time_s"] / steps / ws),
+                      _bytes(row["wire_bytes"] / steps / ws))
+        console.print(b)
+    mem = report.get("memory")
+    if mem:
+        verdict = "[green]fits[/green]" if mem["fits"] else "[red]does NOT fit[/red]"
+        console.print(f"memory per GPU: {_bytes(mem['total'])} ({verdict}; weights {_bytes(mem['weights'])}, "
+                      f"grads {_bytes(mem['grads'])}, optimizer {_bytes(mem['optimizer_state'])}, "
+                      f"activations {_bytes(mem['activations'])}, codec {_bytes(mem['codec_buffers'])})")
+        if mem.get("advice"):
+            console.print(f"  advice: {mem['advice']}")
+
+
+class _LazyProgress:
+    """A progress bar that appears only once a run has taken more than a second."""
+
+    def __init__(self, total: int, label: str):
+        self.total, self.label = total, label
+        self.t0 = time.monotonic()
+        self.bar = None
+
+    def __call__(self, rank: int, step: int) -> None:
+        if rank != 0:
+            return
+        if self.bar is None:
+            if time.monotonic() - self.t0 < 1.0:
+                return
+            self.bar = Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
+                                TimeElapsedColumn(), transient=True, console=console)
+            self.bar.start()
+            self.task = self.bar.add_task(self.label, total=self.total)
+        self.bar.update(self.task, completed=step + 1)
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def _run_one(args, overrides, label):
+    scenario = load_scenario(args.scenario, overrides)
+    progress = _LazyProgress(scenario.training.steps, label)
+    try:
+        report, tl = simulate(scenario, mode=args.mode, on_step=progress)
+    finally:
+        progress.close()
+    return scenario, report, tl
+
+
+def cmd_simulate(args) -> int:
+    scenario, report, tl = _run_one(args, args.set, "simulating steps")
+    out = Path(args.out or f"runs/{scenario.name}")
+    print_report(report, f"{scenario.name}: {scenario.training.strategy}, {report['world_size']} ranks, "
+                         f"{report['mode']} mode, {report['steps']} steps")
+    write_json(out / "report.json", report)
+    write_trace(tl, out / "trace.json", scenario.name)
+    plots.timeline_png(tl, out / "timeline.png")
+    plots.breakdown_png(report, out / "breakdown.png")
+    extra = " curve.png" if plots.curve_png(report, out / "curve.png") else ""
+    console.print(f"wrote {out}/report.json timeline.png breakdown.png trace.json{extra}")
+    return 0
+
+
+def cmd_sweep(args) -> int:
+    keys, values = parse_override(args.sweep)
+    field = ".".join(keys)
+    values = values if isinstance(values, list) else [values]
+    raw = args.sweep.split("=", 1)[1].split(",")
+    if len(values) == 1 and len(raw) > 1:
+        values = [parse_override(f"x={v}")[1] for v in raw]
+    reports = []
+    for v in values:
+        _, report, _ = _run_one(args, [*args.set, f"{field}={v}"], f"{field}={v}")
+        reports.append(report)
+    t = Table(title=f"sweep of {field}", header_style="bold")
+    for col in (field, "step time", "compute", "comm in flight", "exposed comm", "overhead", "wire/rank"):
+        t.add_column(col, justify="right")
+    for v, r in zip(values, reports):
+        t.add_row(str(v), _ms(r["step_time_s"]), _ms(r["compute_time_s"]), _ms(r["comm_time_s"]),
+                  _ms(r["exposed_comm_time_s"]), f"{r['comm_overhead']:.2%}", _bytes(r["wire_bytes_per_step"]))
+    console.print(t)
+    name = load_scenario(args.scenario, args.set).name
+    out = Path(args.out or f"runs/{name}")
+    keep = ("step_time_s", "compute_time_s", "comm_time_s", "exposed_comm_time_s", "comm_overhead", "wire_bytes_per_step")
+    write_json(out / "sweep.json", {"field": field, "values": values,
+                                    "results": [{k: r[k] for k in keep} for r in reports]})
+    plots.sweep_png(field, values, reports, out / "sweep.png")
+    console.print(f"wrote {out}/sweep.json sweep.png")
+    return 0
+
+
+def cmd_bench(args) -> int:
+    scenario = load_scenario(args.scenario, args.set)
+    scenario = scenario.model_copy(update={"agents": scenario.agents.model_copy(
+        update={"count": scenario.cluster.world_size, "roles": None, "architectures": []})})
+    device, topo = build_cluster(scenario)
+    rows = collective_bench(topo, device, args.collective_bench, algorithm=scenario.communication.algorithm)
+    t = Table(title=f"simulated {args.collective_bench} on {scenario.name} ({topo.world_size} ranks)", header_style="bold")
+    for col in ("size (B)", "time (us)", "algbw (GB/s)", "busbw (GB/s)", "algorithm"):
+        t.add_column(col, justify="right")
+    for r in rows:
+        t.add_row(f"{r['size_bytes']:,}", f"{r['time_us']:,.2f}", f"{r['algbw_GBps']:.2f}", f"{r['busbw_GBps']:.2f}", r["algorithm"])
+    console.print(t)
+    out = Path(args.out or f"runs/{scenario.name}")
+    write_json(out / f"collective_bench_{args.collective_bench}.json",
+               {"op": args.collective_bench, "world_size": topo.world_size, "rows": rows})
+    plots.collective_bench_png(args.collective_bench, rows, out / f"collective_bench_{args.collective_bench}.png")
+    console.print(f"wrote {out}/collective_bench_{args.collective_bench}.json and .png")
+    return 0
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="python -m oresearcher.sim", description=__doc__.split("\n")[0])
+    p.add_argument("scenario", help="scenario YAML file, e.g. scenarios/8xA100.yaml")
+    p.add_argument("--out", help="output directory (default runs/<scenario name>)")
+    p.add_argument("--set", action="append", default=[], metavar="PATH=VALUE", help="override a scenario field")
+    p.add_argument("--sweep", metavar="PATH=V1,V2,...", help="run once per value and compare")
+    p.add_argument("--collective-bench", choices=OPS, metavar="OP", help=f"nccl-tests-style table: {', '.join(OPS)}")
+    p.add_argument("--mode", choices=("shape", "numeric"), help="override simulation.mode")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.collective_bench:
+        return cmd_bench(args)
+    if args.sweep:
+        return cmd_sweep(args)
+    return cmd_simulate(args)
+
+
+if __name__ == "__main__":
+    sys.exit(cli_main(main))
