@@ -78,8 +78,8 @@ def _gpt(n_layer, n_head, d_model, vocab=50257, ctx=2048) -> ModelConfig:
     return ModelConfig("gpt", n_layer, n_head, d_model, vocab, ctx)
 
 
-def _llama(n_layer, n_head, d_model, ffn, n_kv_head=None, ctx=4096) -> ModelConfig:
-    return ModelConfig("llama", n_layer, n_head, d_model, 32000, ctx, n_kv_head, ffn)
+def _llama(n_layer, n_head, d_model, ffn, n_kv_head=None, vocab=32000, ctx=4096):
+    return ModelConfig("llama", n_layer, n_head, d_model, vocab, ctx, n_kv_head, ffn)
 
 
 # Published sizes the tests hold the parameter counts to (within 10%):
@@ -99,6 +99,7 @@ PRESETS: dict[str, ModelConfig] = {
     # Toy sizes for CPU training: byte-level vocabulary, short context.
     "gpt-tiny": _gpt(4, 4, 128, vocab=256, ctx=256),        # ~0.8M params
     "gpt-small-cpu": _gpt(4, 4, 256, vocab=1024, ctx=256),  # ~3.5M params
+    "llama-tiny": _llama(4, 4, 128, 352, n_kv_head=2, vocab=256, ctx=256),  # ~0.8M, GQA
     "gpt-125m": _gpt(12, 12, 768),
     "gpt-350m": _gpt(24, 16, 1024),
     "gpt-1.3b": _gpt(24, 16, 2048),
@@ -141,7 +142,7 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(cfg.d_model, cfg.d_model + 2 * kv_dim, bias=bias, **factory)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=bias, **factory)
 
-    def forward(self, x, rope=None):
+    def forward(self, x, cos=None, sin=None):
         B, T, _ = x.shape
         c = self.cfg
         q, k, v = self.qkv(x).split([c.d_model, c.kv_heads * c.head_dim,
@@ -149,8 +150,8 @@ class Attention(nn.Module):
         q = q.view(B, T, c.n_head, c.head_dim).transpose(1, 2)
         k = k.view(B, T, c.kv_heads, c.head_dim).transpose(1, 2)
         v = v.view(B, T, c.kv_heads, c.head_dim).transpose(1, 2)
-        if rope is not None:
-            q, k = _apply_rotary(q, *rope), _apply_rotary(k, *rope)
+        if cos is not None:
+            q, k = _apply_rotary(q, cos, sin), _apply_rotary(k, cos, sin)
         y = _causal_attention(q, k, v)
         return self.proj(y.transpose(1, 2).reshape(B, T, c.d_model))
 
@@ -220,8 +221,8 @@ class Block(nn.Module):
         self.norm1, self.attn = _norm(cfg, **factory), Attention(cfg, **factory)
         self.norm2, self.mlp = _norm(cfg, **factory), MLP(cfg, **factory)
 
-    def forward(self, x, rope=None):
-        x = x + self.attn(self.norm1(x), rope)
+    def forward(self, x, cos=None, sin=None):
+        x = x + self.attn(self.norm1(x), cos, sin)
         return x + self.mlp(self.norm2(x))
 
 
@@ -262,7 +263,7 @@ class DecoderLM(nn.Module):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         B, T = tokens.shape
         x = self.tok_emb(tokens)  # [B, T, d]
-        rope = None
+        rope = (None, None)  # cos, sin [T, head_dim] for rotary
         if self.pos_emb is not None:
             if T > self.cfg.max_seq_len:
                 raise ValueError(f"sequence length {T} > max_seq_len {self.cfg.max_seq_len}")
@@ -271,9 +272,9 @@ class DecoderLM(nn.Module):
             rope = _rotary_tables(T, self.cfg.head_dim, x.device, x.dtype)
         for block in self.blocks:
             if self.activation_checkpointing and torch.is_grad_enabled():
-                x = checkpoint(block, x, rope, use_reentrant=False, preserve_rng_state=False)
+                x = checkpoint(block, x, *rope, use_reentrant=False, preserve_rng_state=False)
             else:
-                x = block(x, rope)
+                x = block(x, *rope)
         return self.lm_head(self.norm_f(x))
 
 

@@ -256,6 +256,8 @@ def collective_results(op_kind: str, inputs: Sequence[Collective], group: tuple)
     mode and the reference interpreter so both follow one definition.
     """
     n = len(group)
+    if op_kind != "Barrier" and _is_meta(inputs[0]):
+        return _meta_results(op_kind, inputs, n)
     if op_kind == "AllReduce":
         red = reduce_tensors([o.tensor for o in inputs], inputs[0].op)
         return [red if i == 0 else red.clone() for i in range(n)]
@@ -277,4 +279,26 @@ def collective_results(op_kind: str, inputs: Sequence[Collective], group: tuple)
         return [root.clone() for _ in range(n)]
     if op_kind == "Barrier":
         return [None] * n
+    raise ValueError(f"unknown collective {op_kind}")
+
+
+def _is_meta(op) -> bool:
+    t = op.tensors[0] if isinstance(op, AllToAll) else op.tensor
+    return t.device.type == "meta"
+
+
+def _meta_results(op_kind: str, inputs, n: int) -> list:
+    """Shape-mode results: sizes only, one shared meta tensor per distinct output."""
+    first = inputs[0]
+    if op_kind in ("AllReduce", "Broadcast"):
+        return [torch.empty_like(first.tensor)] * n
+    if op_kind == "ReduceScatter":
+        if first.tensor.shape[0] % n:
+            raise ValueError(f"ReduceScatter: dim 0 ({first.tensor.shape[0]}) not divisible by group size {n}")
+        t = first.tensor
+        return [t.new_empty((t.shape[0] // n, *t.shape[1:]))] * n
+    if op_kind == "AllGather":
+        return [[o.tensor for o in inputs]] * n
+    if op_kind == "AllToAll":
+        return [[inputs[j].tensors[i] for j in range(n)] for i in range(n)]
     raise ValueError(f"unknown collective {op_kind}")

@@ -15,8 +15,12 @@
   each block's inputs; during backward one block at a time is recomputed and holds its
   own saved tensors again. ``activation_bytes_ckpt`` is that peak, taken from the same
   measured pass by attributing each saved tensor to the block that saved it.
-  ``recompute_flops`` is the measured forward FLOPs of the blocks, which checkpointing
-  runs twice (tests check both against a real ``torch.utils.checkpoint`` run).
+  ``recompute_flops`` is the forward FLOPs checkpointing runs a second time: each
+  block's forward up to its last saved tensor, because torch's non-reentrant checkpoint
+  stops recomputing once every saved tensor is back (early stop; an op saves its inputs
+  before it runs, so a block's final projection is not recomputed). The FLOP counter is
+  read at each save to find that point. Tests check both figures against a real
+  ``torch.utils.checkpoint`` run.
 
 Batch scaling: FLOPs are linear in the micro batch and activation bytes affine (a few
 saved tensors, such as the rotary tables, do not depend on it), so ``measure_lm``
@@ -27,7 +31,7 @@ measurements.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Callable, Optional, Sequence
 
 import torch
@@ -67,11 +71,11 @@ class _Trace:
 
     fwd_flops: int = 0
     bwd_flops: int = 0
-    outside: set = None  # storage keys saved outside any block
-    per_block: list = None  # storage keys saved by each block
-    block_inputs: set = None  # storage keys of tensor inputs to each block
-    block_fwd_flops: int = 0
-    keep_alive: list = None
+    outside: set = field(default_factory=set)  # storage keys saved outside any block
+    per_block: list = field(default_factory=list)  # storage keys saved by each block
+    block_inputs: set = field(default_factory=set)  # storage keys of the blocks' inputs
+    recompute_flops: int = 0  # sum over blocks of forward FLOPs up to the block's last save
+    keep_alive: list = field(default_factory=list)  # so storage addresses are not reused
 
     def activation_bytes(self) -> int:
         return _bytes(set().union(self.outside, *self.per_block))
@@ -87,14 +91,15 @@ def _trace(module: nn.Module, inputs: Sequence, loss_fn: Callable, *,
     """Run loss_fn(module(*inputs)) and its backward under FlopCounterMode and saved-tensor
     hooks. Backward goes through torch.autograd.grad, so no .grad is touched."""
     exclude = {_storage_key(t)[0] for t in (*module.parameters(), *module.buffers())}
-    tr = _Trace(outside=set(), per_block=[set() for _ in blocks], block_inputs=set(),
-                keep_alive=[])
+    tr = _Trace(per_block=[set() for _ in blocks])
     current: list[Optional[int]] = [None]
     index = {id(b): i for i, b in enumerate(blocks)}
     counter = FlopCounterMode(display=False)
-    start_flops = [0]
+    start_flops, last_save_flops = [0], [0]
 
     def pack(t):
+        if current[0] is not None:
+            last_save_flops[0] = counter.get_total_flops()
         key = _storage_key(t)
         if key[0] not in exclude:
             tr.keep_alive.append(t)
@@ -103,7 +108,7 @@ def _trace(module: nn.Module, inputs: Sequence, loss_fn: Callable, *,
 
     def pre(block, args):
         current[0] = index[id(block)]
-        start_flops[0] = counter.get_total_flops()
+        start_flops[0] = last_save_flops[0] = counter.get_total_flops()
         for a in args:
             for t in (a if isinstance(a, (tuple, list)) else (a,)):
                 if isinstance(t, torch.Tensor):
@@ -112,7 +117,7 @@ def _trace(module: nn.Module, inputs: Sequence, loss_fn: Callable, *,
 
     def post(block, args, out):
         current[0] = None
-        tr.block_fwd_flops += counter.get_total_flops() - start_flops[0]
+        tr.recompute_flops += last_save_flops[0] - start_flops[0]
 
     handles = [h for b in blocks for h in (b.register_forward_pre_hook(pre),
                                            b.register_forward_hook(post))]
@@ -170,7 +175,7 @@ class LMCost:
     activation_bytes_ckpt: int
     activation_bytes_fixed: int
     activation_bytes_ckpt_fixed: int
-    block_fwd_flops: int  # forward FLOPs of the transformer blocks: what a recompute costs
+    checkpoint_recompute_flops: int  # what recompute_flops is with checkpointing on
 
     @property
     def step_flops(self) -> int:
@@ -193,11 +198,11 @@ class LMCost:
         ckpt = self.checkpointing if checkpointing is None else checkpointing
         m, n = micro_batch, self.micro_batch
         act, act_c = self.activation_bytes_fixed, self.activation_bytes_ckpt_fixed
-        block = self.block_fwd_flops // n * m
+        extra = self.checkpoint_recompute_flops // n * m
         return replace(
             self, micro_batch=m, checkpointing=ckpt,
             fwd_flops=self.fwd_flops // n * m, bwd_flops=self.bwd_flops // n * m,
-            block_fwd_flops=block, recompute_flops=block if ckpt else 0,
+            checkpoint_recompute_flops=extra, recompute_flops=extra if ckpt else 0,
             activation_bytes=act + (self.activation_bytes - act) // n * m,
             activation_bytes_ckpt=act_c + (self.activation_bytes_ckpt - act_c) // n * m)
 
@@ -226,7 +231,8 @@ def _unit_cost(name: str, seq_len: int, dtype: str) -> LMCost:
         params=sum(numels), param_numels=numels, fwd_flops=one.fwd_flops,
         bwd_flops=one.bwd_flops, recompute_flops=0, activation_bytes=a1,
         activation_bytes_ckpt=c1, activation_bytes_fixed=2 * a1 - a2,
-        activation_bytes_ckpt_fixed=2 * c1 - c2, block_fwd_flops=one.block_fwd_flops)
+        activation_bytes_ckpt_fixed=2 * c1 - c2,
+        checkpoint_recompute_flops=one.recompute_flops)
 
 
 @functools.lru_cache(maxsize=256)
@@ -240,25 +246,26 @@ def measure_lm(name: str, micro_batch: int, seq_len: int, dtype: str = "bf16",
 
 def bucket_sizes(param_numels: Sequence[int], bucket_bytes: int, element_size: int,
                  first_bucket_bytes: Optional[int] = DDP_FIRST_BUCKET_BYTES) -> list[int]:
-    """Bytes of each DDP-style gradient bucket, in the order they become ready.
+    """Element counts of DDP-style gradient buckets, in the order they become ready.
 
     Parameters are taken in reverse registration order (backward produces the last
-    layers' gradients first); a bucket closes as soon as it holds >= its cap, so a
-    parameter larger than the cap gets a bucket of its own and the last bucket may be
-    smaller. The first bucket's cap is ``first_bucket_bytes`` (DDP's 1 MiB by default;
-    pass None for a uniform ``bucket_bytes``). Same assignment as
-    torch.distributed's _compute_bucket_assignment_by_size for one dtype; DDP's
-    later rebuild of buckets in gradient-ready order is not modelled.
+    layers' gradients first); a bucket closes as soon as it holds >= its cap in bytes
+    (numel * element_size), so a parameter larger than the cap gets a bucket of its own
+    and the last bucket may be smaller; none is empty. The first bucket's cap is
+    ``first_bucket_bytes`` (DDP's 1 MiB by default; pass None for a uniform
+    ``bucket_bytes``). Same assignment as torch.distributed's
+    _compute_bucket_assignment_by_size for one dtype; DDP's later rebuild of buckets in
+    gradient-ready order is not modelled.
     """
     if bucket_bytes <= 0 or element_size <= 0:
         raise ValueError("bucket_bytes and element_size must be positive")
     cap = bucket_bytes if first_bucket_bytes is None else first_bucket_bytes
-    buckets, size = [], 0
+    buckets, numel_in_bucket = [], 0
     for numel in reversed(param_numels):
-        size += numel * element_size
-        if size >= cap:
-            buckets.append(size)
-            size, cap = 0, bucket_bytes
-    if size:
-        buckets.append(size)
+        numel_in_bucket += numel
+        if numel_in_bucket * element_size >= cap:
+            buckets.append(numel_in_bucket)
+            numel_in_bucket, cap = 0, bucket_bytes
+    if numel_in_bucket:
+        buckets.append(numel_in_bucket)
     return buckets

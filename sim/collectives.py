@@ -19,6 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from .network import maxmin_rates
 
+# 'auto' considers all-pairs ("direct") algorithms only up to this group size: one
+# NVSwitch domain. Beyond it they mean n^2 flows, which no library uses at scale.
+DIRECT_MAX_RANKS = 16
 ALGORITHMS = ("ring", "tree", "direct", "halving_doubling", "hierarchical")
 _SUPPORTED = {
     "AllReduce": ALGORITHMS,
@@ -183,16 +186,20 @@ def _hier_broadcast(ranks, S, node_of, root):
     return [p for p in (Phase(first, 1) if first else None, Phase(second, 1) if second else None) if p]
 
 
-def wire_bytes(phase_list, rank: int) -> float:
-    """Bytes ``rank`` sends over all phases."""
-    return sum(b for p in phase_list for s, _, b in p.flows if s == rank)
+def wire_bytes_by_rank(phase_list) -> dict:
+    """Bytes each rank sends over all phases."""
+    out = {}
+    for p in phase_list:
+        for s, _, b in p.flows:
+            out[s] = out.get(s, 0.0) + b
+    return out
 
 
 def wire_bytes_per_rank(kind: str, algorithm: str, nbytes: float, n: int) -> float:
     """Mean bytes one rank sends for a collective on ``n`` ranks of one node."""
     ranks = tuple(range(n))
     ph = phases(kind, algorithm if algorithm != "auto" else "ring", ranks, nbytes, [0] * n)
-    return sum(wire_bytes(ph, r) for r in ranks) / n
+    return sum(wire_bytes_by_rank(ph).values()) / n
 
 
 def phase_latency(phase: Phase, topo) -> float:
@@ -232,8 +239,8 @@ def choose_algorithm(kind: str, ranks: tuple, nbytes: float, topo, requested: st
     key = (kind, ranks, float(nbytes))
     best = memo.get(key)
     if best is None:
+        candidates = [a for a in _SUPPORTED[kind]
+                      if not (a == "direct" and len(ranks) > DIRECT_MAX_RANKS and kind != "AllToAll")]
         best = memo[key] = min(
-            _SUPPORTED[kind],
-            key=lambda a: (closed_form_time(kind, a, ranks, nbytes, topo), _SUPPORTED[kind].index(a)),
-        )
+            candidates, key=lambda a: (closed_form_time(kind, a, ranks, nbytes, topo), _SUPPORTED[kind].index(a)))
     return best

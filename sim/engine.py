@@ -53,6 +53,8 @@ class Engine:
 
         self.net = FlowNetwork(self.env, topo.capacity)
         self._seq = defaultdict(int)
+        self._world = tuple(range(self.world_size))
+        self._groups = {}  # id(group object) -> (object, resolved ranks, small id)
         self._pending = {}
         self._plans = {}
         self.on_step = None  # callback(rank, step) for progress bars
@@ -88,7 +90,7 @@ class Engine:
                 yield env.timeout(op.flops / self.rate + self.host)
                 tl.record(rank, "compute", op.name, start, env.now)
             elif isinstance(op, O.Collective):
-                inst = self._arrive(rank, op, op.kind, O.resolve_group(op.group, self.world_size))
+                inst = self._arrive(rank, op, op.kind, *self._group(op.group))
                 if op.async_op:
                     val = O.Handle(op, inst)
                 else:
@@ -96,10 +98,10 @@ class Engine:
             elif isinstance(op, O.Wait):
                 val = yield from self._block(rank, op.handle.token)
             elif isinstance(op, O.Send):
-                inst = self._arrive(rank, op, "SendRecv", (rank, op.dst))
+                inst = self._arrive(rank, op, "SendRecv", (rank, op.dst), ("p2p", rank, op.dst))
                 yield from self._block(rank, inst)
             elif isinstance(op, O.Recv):
-                inst = self._arrive(rank, op, "SendRecv", (op.src, rank))
+                inst = self._arrive(rank, op, "SendRecv", (op.src, rank), ("p2p", op.src, rank))
                 val = yield from self._block(rank, inst)
             elif isinstance(op, O.StepDone):
                 tl.step_done(rank, op.step, env.now, op.metrics)
@@ -116,12 +118,22 @@ class Engine:
         return inst.results[rank]
 
     # -- collectives ----------------------------------------------------------------
-    def _arrive(self, rank, op, kind, ranks):
+    def _group(self, group):
+        """(ranks, key) of a group; resolved once per group object (1,024-rank tuples
+        are expensive to sort and hash on every arrival)."""
+        if group is None:
+            return self._world, -1
+        hit = self._groups.get(id(group))
+        if hit is None or hit[0] is not group:
+            hit = self._groups[id(group)] = (group, O.resolve_group(group, self.world_size), len(self._groups))
+        return hit[1], hit[2]
+
+    def _arrive(self, rank, op, kind, ranks, gkey):
         if rank not in ranks:
             raise ValueError(f"rank {rank} issued {kind} on group {ranks} it is not in")
-        p2p = kind == "SendRecv"
-        key = (p2p, ranks, self._seq[rank, p2p, ranks])  # k-th call on a group meets k-th
-        self._seq[rank, p2p, ranks] += 1
+        seq = self._seq[rank, gkey]
+        self._seq[rank, gkey] = seq + 1
+        key = (gkey, seq)  # the k-th call on a group meets every member's k-th call
         inst = self._pending.get(key)
         if inst is None:
             inst = self._pending[key] = _Instance(self.env, kind, ranks, op.name)
@@ -145,7 +157,7 @@ class Engine:
         return dict(zip(inst.ranks, O.collective_results(inst.kind, ordered, inst.ranks)))
 
     def _plan(self, inst):
-        """Fixed cost, [(latency, [(route, bytes)])] and bytes per rank; cached."""
+        """Fixed cost, [(latency, routes, bytes)] per phase and bytes per rank; cached."""
         first = inst.ops[inst.ranks[0]]
         nbytes = max(O.payload_bytes(o) for o in inst.ops.values())
         root = getattr(first, "src", None) if inst.kind == "Broadcast" else None
@@ -155,9 +167,11 @@ class Engine:
         if plan is None:
             algo = C.choose_algorithm(inst.kind, inst.ranks, nbytes, self.topo, requested) if len(inst.ranks) > 1 else "ring"
             ph = C.phases(inst.kind, algo, inst.ranks, nbytes, self.topo.node_of, root)
-            steps = [(C.phase_latency(p, self.topo),
-                      [(self.topo.route(s, d), b) for s, d, b in p.flows if b > 0 and s != d]) for p in ph]
-            wire = {r: C.wire_bytes(ph, r) for r in inst.ranks}
+            steps = []
+            for p in ph:
+                live = [(self.topo.route(s, d), float(b)) for s, d, b in p.flows if b > 0 and s != d]
+                steps.append((C.phase_latency(p, self.topo), tuple(r for r, _ in live), [b for _, b in live]))
+            wire = C.wire_bytes_by_rank(ph)
             fixed = C.fixed_cost(inst.kind, inst.ranks, self.topo) if len(inst.ranks) > 1 else 0.0
             plan = self._plans[key] = (fixed, steps, wire, algo)
         return plan
@@ -168,12 +182,12 @@ class Engine:
         fixed, steps, wire, algo = self._plan(inst)
         if fixed:
             yield env.timeout(fixed)
-        for latency, flows in steps:
+        for latency, routes, nbytes in steps:
             if latency:
                 yield env.timeout(latency)
-            if flows:
-                yield self.net.transfer(flows)
+            if routes:
+                yield self.net.start(routes, nbytes)
         for r in inst.ranks:
-            self.tl.record(r, "comm", inst.name, inst.issued[r], env.now, int(wire[r]),
+            self.tl.record(r, "comm", inst.name, inst.issued[r], env.now, int(wire.get(r, 0)),
                            {"kind": inst.kind, "algorithm": algo})
         inst.done.succeed()

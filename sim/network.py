@@ -51,70 +51,94 @@ def maxmin_rates(routes: Sequence[Sequence[int]], capacity: Sequence[float]) -> 
     return rate
 
 
+class _Batch:
+    """Flows started together by one ``transfer`` call; done when all are."""
+
+    __slots__ = ("routes", "remaining", "rates", "event", "key")
+
+    def __init__(self, routes, remaining, event, key):
+        self.routes, self.remaining, self.event, self.key = routes, remaining, event, key
+        self.rates = None
+
+
 class FlowNetwork:
     """Flows in flight on a set of links; ``transfer`` returns an event per batch."""
 
     def __init__(self, env: simpy.Environment, capacity: Sequence[float]):
         self.env = env
         self.capacity = list(capacity)
-        self._flows = {}  # id -> [remaining bytes, route, rate, batch id]
-        self._batches = {}  # id -> [flows left, event]
-        self._next_id = 0
+        self._batches: list[_Batch] = []
         self._last = 0.0
         self._version = 0
+        self._shape_ids = {}  # routes tuple of a batch -> small int (cheap cache keys)
+        self._rates = {}  # shape ids of the active batches -> per-batch rates (memo)
 
     def transfer(self, flows: Sequence[tuple[Sequence[int], float]]) -> simpy.Event:
         """Start ``flows`` = [(route, nbytes), ...]; the event fires when all are done."""
-        done = self.env.event()
         live = [(tuple(r), float(b)) for r, b in flows if b > 0 and r]
-        if not live:
+        return self.start(tuple(r for r, _ in live), [b for _, b in live])
+
+    def start(self, routes: tuple, nbytes: list) -> simpy.Event:
+        """Fast path of :meth:`transfer` for pre-filtered flows (non-empty routes,
+        positive sizes), as the engine's cached collective plans hold them."""
+        done = self.env.event()
+        if not routes:
             done.succeed()
             return done
         self._advance()
-        bid = self._new_id()
-        self._batches[bid] = [len(live), done]
-        for route, nbytes in live:
-            self._flows[self._new_id()] = [nbytes, route, 0.0, bid]
+        key = self._shape_ids.setdefault(routes, len(self._shape_ids))
+        self._batches.append(_Batch(routes, list(nbytes), done, key))
         self._reschedule()
         return done
 
     @property
     def active(self) -> int:
-        return len(self._flows)
-
-    def _new_id(self) -> int:
-        self._next_id += 1
-        return self._next_id
+        return sum(len(b.routes) for b in self._batches)
 
     def _advance(self) -> None:
         dt = self.env.now - self._last
         if dt > 0:
-            for f in self._flows.values():
-                f[0] -= f[2] * dt
+            for b in self._batches:
+                b.remaining = [x - r * dt for x, r in zip(b.remaining, b.rates)]
         self._last = self.env.now
 
     def _reschedule(self) -> None:
-        ids = list(self._flows)
-        rates = maxmin_rates([self._flows[i][1] for i in ids], self.capacity)
-        for i, r in zip(ids, rates):
-            self._flows[i][2] = r
         self._version += 1
-        if ids:
-            dt = min(self._flows[i][0] / self._flows[i][2] for i in ids)
-            version = self._version
-            ev = self.env.timeout(max(dt, 0.0))
-            ev.callbacks.append(lambda _e, v=version: self._on_timer(v))
+        if not self._batches:
+            return
+        key = tuple(b.key for b in self._batches)
+        per_batch = self._rates.get(key)
+        if per_batch is None:  # lockstep programs repeat the same flow sets: solve each once
+            flat = maxmin_rates([r for b in self._batches for r in b.routes], self.capacity)
+            per_batch, i = [], 0
+            for b in self._batches:
+                per_batch.append(flat[i:i + len(b.routes)])
+                i += len(b.routes)
+            if len(self._rates) > 4096:
+                self._rates.clear()
+            self._rates[key] = per_batch
+        dt = float("inf")
+        for b, rates in zip(self._batches, per_batch):
+            b.rates = rates
+            dt = min(dt, min(x / r for x, r in zip(b.remaining, rates)))
+        version = self._version
+        ev = self.env.timeout(max(dt, 0.0))
+        ev.callbacks.append(lambda _e, v=version: self._on_timer(v))
 
     def _on_timer(self, version: int) -> None:
         if version != self._version:
             return  # superseded by a later change
         self._advance()
-        finished = [i for i, f in self._flows.items() if f[0] <= f[2] * _DONE_S]
-        for i in finished:
-            bid = self._flows.pop(i)[3]
-            batch = self._batches[bid]
-            batch[0] -= 1
-            if batch[0] == 0:
-                del self._batches[bid]
-                batch[1].succeed()
+        keep = []
+        for b in self._batches:
+            left = [(rt, x) for rt, x, r in zip(b.routes, b.remaining, b.rates) if x > r * _DONE_S]
+            if not left:
+                b.event.succeed()
+                continue
+            if len(left) < len(b.routes):
+                b.routes = tuple(rt for rt, _ in left)
+                b.remaining = [x for _, x in left]
+                b.key = self._shape_ids.setdefault(b.routes, len(self._shape_ids))
+            keep.append(b)
+        self._batches = keep
         self._reschedule()

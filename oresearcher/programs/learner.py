@@ -12,8 +12,8 @@ Two kinds:
 - :class:`ShapeLearner` has only sizes and FLOP counts (shape mode): its buckets are
   meta tensors, so a 70B model costs nothing to simulate.
 
-Gradient buckets follow torch DDP: parameters in reverse registration order (roughly the
-order backward produces their gradients), a bucket closes once it holds
+Gradient buckets follow torch DDP (:func:`oresearcher.workloads.bucket_sizes`):
+parameters in reverse registration order, a 1 MiB first bucket, then buckets of
 ``bucket_bytes`` (Li et al., "PyTorch Distributed", VLDB 2020, section 3.2.3).
 """
 from __future__ import annotations
@@ -23,25 +23,9 @@ from typing import Callable, Iterator, Sequence
 import torch
 from torch import nn
 
+from ..workloads import bucket_sizes
+
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def bucket_sizes(numels: Sequence[int], bucket_bytes: int, element_size: int) -> list[int]:
-    """Element counts of DDP-style buckets over ``numels`` taken in reverse order.
-
-    A bucket closes as soon as it reaches ``bucket_bytes``; the last may be smaller.
-    ``sum(result) == sum(numels)``; no bucket is empty.
-    """
-    cap = max(1, bucket_bytes // element_size)
-    sizes, current = [], 0
-    for n in reversed(list(numels)):
-        current += int(n)
-        if current >= cap:
-            sizes.append(current)
-            current = 0
-    if current:
-        sizes.append(current)
-    return sizes
 
 
 class ShapeLearner:

@@ -55,6 +55,7 @@ def make_learner(scenario, rank: int, *, mode: str, device="cpu"):
                             comm.bucket_bytes, recompute_flops=cost.recompute_flops)
     torch.manual_seed(scenario.seed)  # every agent starts as a clone of one base model
     model = build_model(w.model, device=device, dtype=torch.float32 if w.dtype == "fp32" else DTYPES[w.dtype])
+    model.activation_checkpointing = w.activation_checkpointing
     vocab = PRESETS[w.model].vocab_size
     stream = token_stream(vocab, mb, w.seq_len, scenario.seed, rank)
     batches = (b.to(device) for b in stream)

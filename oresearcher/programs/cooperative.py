@@ -1,0 +1,369 @@
+"""The cooperative O-Researcher program: roles, fusion rounds, rewards, resource shares.
+
+``cooperative(ctx, learner)`` is one agent's generator of ops (training.strategy =
+"oresearcher"); the same code runs in the simulator and on torch.distributed. Training
+is cut into rounds of ``communication.interval`` steps. A round:
+
+1. Local steps (how many: this agent's share of the round's compute, see
+   :mod:`oresearcher.allocation`); its role shapes them (:mod:`oresearcher.roles`):
+   explorer lr x scale, optimizer SAM (one Compute charged 2x) or SWA, validator plain.
+   Every ``share_every`` steps agents of one architecture average gradients (AllReduce,
+   or the codec's exchange when ``communication.codec`` is set), for as many steps as
+   every member of the group takes this round, so the collectives always pair up.
+2. AllGather of every agent's flat parameters (zero-padded to the largest model, so
+   architectures can differ): one message serves the validators and the fusion.
+3. Validators evaluate every agent on held-out data (``learner.evaluate_params``) and
+   everyone AllGathers a small score tensor (:func:`oresearcher.roles.encode_report`).
+4. Every rank computes the same decisions from the same gathered numbers, so no further
+   messages are needed: rewards (:mod:`oresearcher.rewards`, scheduled weights),
+   attention fusion weights per architecture group (:mod:`oresearcher.fusion`, flagged
+   agents get 0), the new roles with their reasons, PBT exploit/explore, the next
+   round's local steps. Then each agent sets its own fused (or exploited, or noised)
+   parameters; an optional outer Nesterov step acts on the fusion pseudo-gradient.
+
+After the last round the final parameters are gathered and scored once more, so the
+agents and their validator scores are ready for the final fusion into one model; they
+are left in ``learner.cooperative_result``. Role switches are logged with their reason
+and reported in StepDone metrics ("role" is the code in :data:`oresearcher.roles.ROLE_CODES`,
+"role_switch" the reason string).
+
+What the program asks of a learner beyond the Learner interface (all optional; shape
+mode and foreign tasks fall back to training-loss scores): ``evaluate_params(flat, arch)``
+-> dict(metric in [0, 1], loss, calibration, safety, probs, flops), ``arch_numel(arch)``,
+``set_exploration(scale)``, ``set_reward_weights(w)``; and for SAM and per-agent learning
+rates the TorchLearner attributes ``module``, ``loss_fn``, ``batches``, ``optimizer``.
+"""
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from .. import roles as R
+from ..allocation import AllocationState
+from ..fusion import HeterogeneousEnsemble, fuse, group_weights
+from ..ops import AllGather, AllReduce, Compute, StepDone
+from ..outer import OuterNesterov
+from ..rewards import reward, scheduled_weights, tv_novelty
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class GroupState:
+    """What every rank knows about the whole group; identical on every rank."""
+
+    roles: list
+    lr_mult: list
+    val_losses: list = field(default_factory=list)  # best healthy val loss per round
+    rewards: list = field(default_factory=list)  # per round, one per agent
+    round: int = 0
+
+    def state_dict(self) -> dict:
+        return {"roles": list(self.roles), "lr_mult": list(self.lr_mult), "val_losses": list(self.val_losses),
+                "rewards": [list(r) for r in self.rewards], "round": self.round}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.roles, self.lr_mult = list(state["roles"]), list(state["lr_mult"])
+        self.val_losses, self.rewards = list(state["val_losses"]), [list(r) for r in state["rewards"]]
+        self.round = int(state["round"])
+
+
+def arch_ids(scenario) -> list:
+    archs = scenario.agents.architectures
+    return list(archs) if archs else [scenario.workload.model] * scenario.world_size
+
+
+def arch_group(ids: list, rank: int):
+    """Ranks sharing rank's architecture; None (the world) when everyone does."""
+    members = tuple(i for i, a in enumerate(ids) if a == ids[rank])
+    return None if len(members) == len(ids) else members
+
+
+def round_lengths(steps: int, interval: int) -> list[int]:
+    """Base steps of each round: ``interval`` each, the last takes the remainder."""
+    full, rest = divmod(steps, interval)
+    return [interval] * full + ([rest] if rest else [])
+
+
+def step_cost(role: str, method: str) -> int:
+    """Compute units of one local step: a SAM step is two forward-backward passes."""
+    return 2 if role == "optimizer" and method == "sam" else 1
+
+
+def initial_lr_mult(seed: int, n: int, jitter: float) -> list[float]:
+    """Per-agent lr multipliers exp(U(-j, j)) (heterogeneous hyperparameters), seeded."""
+    g = torch.Generator().manual_seed(seed * 7919 + 17)
+    return [float(math.exp(jitter * (2 * float(torch.rand((), generator=g)) - 1))) for _ in range(n)]
+
+
+def _gen(seed: int, rnd: int, agent: int) -> torch.Generator:
+    return torch.Generator().manual_seed(((seed * 1_000_003 + rnd) * 1009 + agent) % (2**63))
+
+
+def _set_lr(learner, lr: float) -> None:
+    for g in getattr(getattr(learner, "optimizer", None), "param_groups", ()):
+        g["lr"] = lr
+
+
+def _role_lr(cfg, role: str, lr_mult: float, base_lr: float) -> float:
+    return base_lr * lr_mult * (cfg.roles.explorer_lr_scale if role == "explorer" else 1.0)
+
+
+# ---- the pieces of a round (generators of ops) ----------------------------------------
+
+def train_step(ctx, learner, role, cfg, share_group, share, codec):
+    """One local step of ``role``; gradients averaged over ``share_group`` if ``share``."""
+    flops = learner.fwd_flops + learner.bwd_flops
+    if role == "optimizer" and cfg.roles.optimizer_method == "sam":
+        metrics = yield Compute(R.sam_forward_backward, learner, cfg.roles.sam_rho, flops=2 * flops, name="sam_fwd_bwd")
+    else:
+        metrics = yield Compute(learner.forward_backward, flops=flops, name="fwd_bwd")
+    if share:
+        buckets = yield Compute(learner.grad_buckets, name="pack")
+        reduced = []
+        for b in buckets:
+            if codec is None:
+                reduced.append((yield AllReduce(b, group=share_group, op="avg", name="grad_share")))
+            else:
+                from ..codecs.collectives import allgather_exchange
+                reduced.append((yield from allgather_exchange(codec, b, group=share_group)))
+        yield Compute(learner.apply_grads, reduced, name="optimizer")
+    else:
+        yield Compute(learner.optimizer_step, name="optimizer")
+    return dict(metrics or {})
+
+
+def gather_params(ctx, learner, pad_to: int):
+    """AllGather of every agent's flat parameters, zero-padded to ``pad_to``."""
+    flat = yield Compute(learner.flat_params, name="pack")
+    if flat.numel() < pad_to:
+        flat = torch.cat([flat.reshape(-1), torch.zeros(pad_to - flat.numel(), dtype=flat.dtype, device=flat.device)])
+    return (yield AllGather(flat, name="param_gather"))
+
+
+def _novelty(probs: list) -> list[float]:
+    """Each agent's TV distance to the attention ensemble of the others (oresearcher.fusion)."""
+    n = len(probs)
+    if n < 2:
+        return [0.0] * n
+    width = max(p.shape[-1] for p in probs)
+    out = []
+    with torch.no_grad():
+        for j in range(n):
+            others = [probs[k] for k in range(n) if k != j]
+            ens = HeterogeneousEnsemble([p.shape[-1] for p in others], width)(others)
+            out.append(float(tv_novelty(torch.nn.functional.pad(probs[j], (0, width - probs[j].shape[-1])), ens)))
+    return out
+
+
+def validate(ctx, learner, flats, ids, role, train_loss, numeric):
+    """Validators score every agent; everyone AllGathers the scores; returns Published."""
+    n = ctx.world_size
+    rows = None
+    if role == "validator" and numeric and hasattr(learner, "evaluate_params"):
+        results = []
+        for j in range(n):
+            res = yield Compute(learner.evaluate_params, flats[j], ids[j], name="validate")
+            yield Compute(flops=float(res.get("flops", 0.0)), name="validate")
+            results.append(res)
+        nov = yield Compute(_novelty, [r["probs"] for r in results], name="novelty")
+        rows = torch.tensor([[r[c] if c != "novelty" else nov[j] for c in R.REPORT_COLUMNS]
+                             for j, r in enumerate(results)], dtype=torch.float64)
+    dev = ctx.device if numeric else torch.device("meta")
+    report = R.encode_report(rows, n, train_loss).to(dev)
+    gathered = yield AllGather(report, name="score_gather")
+    if not numeric:
+        return None
+    return R.decode_reports([g.cpu() for g in gathered], n, ctx.scenario.cooperation.roles.divergence_factor)
+
+
+def round_rewards(pub, weights) -> tuple[torch.Tensor, torch.Tensor]:
+    """(reliability, reward) per agent; without validator scores, from training losses."""
+    if pub.columns:
+        rel = pub.columns["metric"]
+        rew = reward(rel, pub.columns["novelty"], pub.columns["safety"], weights)
+    else:  # no held-out scorer: a bounded, decreasing function of the training loss
+        rel = 1.0 / (1.0 + pub.train_loss.clamp(min=0))
+        rew = reward(rel, torch.zeros_like(rel), torch.isfinite(pub.train_loss).double(), weights)
+    rew = torch.where(pub.excluded, torch.full_like(rew, float("nan")), rew)
+    return rel, rew
+
+
+# ---- the program ------------------------------------------------------------------------
+
+def cooperative(ctx, learner):
+    """O-Researcher: cooperative training of ``ctx.world_size`` agents (see module doc)."""
+    sc, cfg, rank, n = ctx.scenario, ctx.scenario.cooperation, ctx.rank, ctx.world_size
+    ids = arch_ids(sc)
+    share_group = arch_group(ids, rank)
+    members = share_group or tuple(range(n))
+    pad_to = max((learner.arch_numel(a) if hasattr(learner, "arch_numel") else learner.numel) for a in ids)
+    st = GroupState(R.initial_roles(n, sc.agents.roles, cfg.roles.policy),
+                    initial_lr_mult(sc.seed, n, cfg.roles.lr_jitter))
+    alloc = AllocationState(n, cfg.allocation.temperature, cfg.allocation.floor, cfg.allocation.enabled)
+    rounds = round_lengths(ctx.steps, sc.communication.interval)
+    codec = _build_codec(sc.communication.codec)
+    outer = OuterNesterov(cfg.fusion.outer_lr, cfg.fusion.outer_momentum) if cfg.fusion.outer == "nesterov" else None
+    costs = lambda: [step_cost(r, cfg.roles.optimizer_method) for r in st.roles]  # noqa: E731
+    steps_now, _ = alloc.plan([float("nan")] * n, n * rounds[0], costs())
+    swa = R.SWAState()
+    step = 0
+    if outer is not None:
+        outer.set_anchor((yield Compute(learner.flat_params, name="pack")))
+    for rnd, base in enumerate(rounds):
+        st.round = rnd
+        role = st.roles[rank]
+        _configure(learner, cfg, role, st.lr_mult[rank], sc)
+        my_steps = max(1, steps_now[rank])  # >= 1 so every round ends on a StepDone
+        shared_steps = min(max(1, steps_now[i]) for i in members)
+        losses, metrics = [], {}
+        for s in range(my_steps):
+            share = (sc.communication.gradient_sharing and len(members) > 1 and s < shared_steps
+                     and s % sc.communication.share_every == 0)
+            metrics = yield from train_step(ctx, learner, role, cfg, share_group, share, codec)
+            losses.append(metrics.get("loss", float("nan")))
+            if role == "optimizer" and cfg.roles.optimizer_method == "swa":
+                yield Compute(lambda: swa.update(learner.flat_params()), flops=2.0 * learner.numel, name="swa")
+            metrics.update(role=R.ROLE_CODES[role], lr=_current_lr(learner), round=rnd)
+            if s < my_steps - 1:
+                yield StepDone(step, metrics)
+                step += 1
+        progress = (rnd + 1) / len(rounds)
+        info, steps_now = yield from _round_end(ctx, learner, st, alloc, outer, swa, ids, losses, progress,
+                                                units=n * rounds[rnd + 1] if rnd + 1 < len(rounds) else 0)
+        metrics.update(info)
+        if rnd == len(rounds) - 1:
+            metrics.update((yield from _final(ctx, learner, st, ids, pad_to, losses)))
+        elif ctx.eval_every > 0 and ctx.numeric:
+            metrics.update((yield Compute(learner.evaluate, name="evaluate")))
+        yield StepDone(step, metrics)
+        step += 1
+    return getattr(learner, "cooperative_result", None)
+
+
+def _build_codec(spec: str):
+    if spec == "none":
+        return None
+    from ..codecs import build  # the codecs issue; a missing module is a setup error worth seeing
+    return build(spec)
+
+
+def _current_lr(learner) -> float:
+    groups = getattr(getattr(learner, "optimizer", None), "param_groups", None)
+    return float(groups[0]["lr"]) if groups else float("nan")
+
+
+def _configure(learner, cfg, role, lr_mult, sc) -> None:
+    """Apply a role's knobs to the learner before its local steps."""
+    _set_lr(learner, _role_lr(cfg, role, lr_mult, sc.training.lr))
+    if hasattr(learner, "set_exploration"):
+        learner.set_exploration(cfg.roles.explorer_epsilon_scale if role == "explorer" else 1.0)
+
+
+def _round_end(ctx, learner, st, alloc, outer, swa, ids, losses, progress, units):
+    """Gather, validate, decide, fuse; returns (metrics of this round, next round's steps)."""
+    sc, cfg, rank, n = ctx.scenario, ctx.scenario.cooperation, ctx.rank, ctx.world_size
+    if swa.count:
+        yield Compute(lambda: learner.set_flat_params(swa.take(learner.dtype)), name="swa_apply")
+    pad_to = max((learner.arch_numel(a) if hasattr(learner, "arch_numel") else learner.numel) for a in ids)
+    flats = yield from gather_params(ctx, learner, pad_to)
+    numeric = ctx.numeric and flats[0].device.type != "meta"
+    train_loss = float(torch.tensor(losses).nanmean()) if losses else float("nan")
+    pub = yield from validate(ctx, learner, flats, ids, st.roles[rank], train_loss, numeric)
+    weights = scheduled_weights(sc.agents.reward_weights, progress, cfg.rewards.schedule, cfg.rewards.novelty_boost)
+    if hasattr(learner, "set_reward_weights"):
+        learner.set_reward_weights(weights)
+    members = [i for i, a in enumerate(ids) if a == ids[rank]]
+    me = members.index(rank)
+    numel = learner.arch_numel(ids[rank]) if hasattr(learner, "arch_numel") else learner.numel
+    if not numeric:  # shape mode: charge the fusion arithmetic, keep roles and shares
+        yield Compute(flops=2.0 * len(members) * numel, name="fusion")
+        steps, _ = alloc.plan([0.0] * n, units, [step_cost(r, cfg.roles.optimizer_method) for r in st.roles]) if units else ([], None)
+        return {}, steps
+    rel, rew = round_rewards(pub, weights)
+    st.rewards.append([float(x) for x in rew])
+    healthy_losses = (pub.columns["loss"] if pub.columns else pub.train_loss)[~pub.excluded]
+    st.val_losses.append(float(healthy_losses.min()) if healthy_losses.numel() else float("nan"))
+    group_flat = torch.stack([flats[i][:numel] for i in members])
+    W = yield Compute(group_weights, group_flat, rel[members], pub.excluded[members], method=cfg.fusion.method,
+                      temperature=cfg.fusion.temperature, similarity_weight=cfg.fusion.similarity_weight,
+                      flops=float(2 * len(members) ** 2 * numel), name="fusion_weights")
+    info = _decide(ctx, st, pub, rel, rew, ids)
+    source = members.index(info.pop("_source"))
+    new = yield Compute(fuse, group_flat, W[source], flops=2.0 * len(members) * numel, name="fusion")
+    if outer is not None:
+        new = yield Compute(outer.step, new, name="outer_step")
+    if st.roles[rank] == "explorer":
+        new = yield Compute(R.param_noise, new, cfg.roles.explorer_noise, _gen(sc.seed, st.round, rank),
+                            flops=2.0 * numel, name="explore_noise")
+    yield Compute(learner.set_flat_params, new, name="unpack")
+    if outer is not None:
+        outer.set_anchor(new)
+    costs = [step_cost(r, cfg.roles.optimizer_method) for r in st.roles]
+    steps, shares = alloc.plan(st.rewards[-1], units, costs) if units else ([1] * n, torch.full((n,), 1.0 / n))
+    info.update(reward=float(rew[rank]), reliability=float(rel[rank]), excluded=float(pub.excluded[rank]),
+                fusion_self_weight=float(W[me, me]), share=float(shares[rank]), next_steps=float(steps[rank]),
+                w_novelty=weights[1], validators=float(pub.validators))
+    if pub.columns:
+        info.update(val_loss=float(pub.columns["loss"][rank]), novelty=float(pub.columns["novelty"][rank]),
+                    safety=float(pub.columns["safety"][rank]), calibration=float(pub.columns["calibration"][rank]))
+    return info, steps
+
+
+def _decide(ctx, st, pub, rel, rew, ids) -> dict:
+    """Roles, PBT exploit/explore: pure functions of gathered numbers, the same on every rank.
+
+    Returns this rank's metrics plus "_source": whose fusion row it takes (itself, or
+    the winner it copies under PBT exploit).
+    """
+    sc, cfg, rank, n = ctx.scenario, ctx.scenario.cooperation, ctx.rank, ctx.world_size
+    info, source = {}, rank
+    if cfg.roles.policy == "dynamic":
+        pairs = R.exploit_pairs(rew, pub.excluded, ids, cfg.roles.exploit_fraction)
+        for loser, winner in pairs:
+            st.lr_mult[loser] = st.lr_mult[winner]
+            if loser == rank:
+                source = winner
+                info["exploit_from"] = float(winner)
+                log.info("agent %d: PBT exploit, copies agent %d (reward %.3f < %.3f)",
+                         rank, winner, float(rew[loser]) if math.isfinite(float(rew[loser])) else float("nan"),
+                         float(rew[winner]))
+        hard, plateau, spread = R.difficulty(st.val_losses, rel, pub.excluded, cfg.roles.plateau_rounds,
+                                             cfg.roles.plateau_tol)
+        reason = f"round {st.round}: difficulty {hard:.2f} (plateau {plateau:.2f}, spread {spread:.2f})"
+        st.roles, switches = R.assign_roles(st.roles, rew, pub.excluded, hard, reason)
+        info["difficulty"] = hard
+        for sw in switches:
+            if sw.rank == rank:
+                log.info("agent %d: role %s -> %s (%s)", rank, sw.old, sw.new, sw.reason)
+                info["role_switch"] = f"{sw.old}->{sw.new}: {sw.reason}"
+    for i in range(n):  # PBT explore: explorers' lr multipliers take a 0.8/1.2 step
+        if st.roles[i] == "explorer":
+            st.lr_mult[i] = R.pbt_perturb(st.lr_mult[i], _gen(sc.seed, st.round, n + i))
+    info["next_role"] = float(R.ROLE_CODES[st.roles[rank]])
+    info["_source"] = source
+    return info
+
+
+def _final(ctx, learner, st, ids, pad_to, losses):
+    """Score the final parameters (for the fusion into one model) and test this agent."""
+    flats = yield from gather_params(ctx, learner, pad_to)
+    numeric = ctx.numeric and flats[0].device.type != "meta"
+    train_loss = float(torch.tensor(losses).nanmean()) if losses else float("nan")
+    pub = yield from validate(ctx, learner, flats, ids, st.roles[ctx.rank], train_loss, numeric)
+    if not numeric:
+        return {}
+    weights = scheduled_weights(ctx.scenario.agents.reward_weights, 1.0, ctx.scenario.cooperation.rewards.schedule,
+                                ctx.scenario.cooperation.rewards.novelty_boost)
+    rel, rew = round_rewards(pub, weights)
+    learner.cooperative_result = {
+        "roles": list(st.roles), "reliability": rel.tolist(), "reward": rew.tolist(),
+        "excluded": pub.excluded.tolist(), "scores": {k: v.tolist() for k, v in pub.columns.items()},
+        "state": st.state_dict(),
+    }
+    out = {"final_reliability": float(rel[ctx.rank]), "final_excluded": float(pub.excluded[ctx.rank])}
+    out.update((yield Compute(learner.evaluate, name="evaluate")))
+    return out
