@@ -132,7 +132,7 @@ def cmd_sweep(args) -> int:
         _, report, _ = _run_one(args, [*args.set, f"{field}={v}"], f"{field}={v}")
         reports.append(report)
     t = Table(title=f"sweep of {field}", header_style="bold")
-    for col in (field, "step time", "compute", "comm in flight", "exposed comm", "overhead", "wire/rank"):
+    for col in (keys[-1], "step time", "compute", "comm in flight", "exposed comm", "overhead", "wire/rank"):
         t.add_column(col, justify="right")
     for v, r in zip(values, reports):
         t.add_row(str(v), _ms(r["step_time_s"]), _ms(r["compute_time_s"]), _ms(r["comm_time_s"]),
