@@ -39,6 +39,24 @@ class AgentContext:
     device: torch.device = torch.device("cpu")
     group: Optional[tuple] = None
     eval_every: int = 0  # 0: never evaluate inside the loop
+    _codec: object = None
+
+    @property
+    def codec(self):
+        """This agent's gradient codec from ``communication.codec`` (None for "none").
+
+        Built once per agent: error-feedback residuals live in it and are checkpointed
+        with the agent. ``seed`` differs per agent (stochastic rounding); ``shared_seed``
+        is common to all (rand-k indices need not travel).
+        """
+        spec = self.scenario.communication.codec
+        if spec == "none":
+            return None
+        if self._codec is None:
+            from ..codecs import build
+
+            self._codec = build(spec, seed=self.scenario.seed * 1009 + self.rank, shared_seed=self.scenario.seed)
+        return self._codec
 
     @property
     def steps(self) -> int:

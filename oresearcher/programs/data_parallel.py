@@ -13,6 +13,7 @@ Each is a generator ``program(ctx, learner)`` yielding ops (see :mod:`oresearche
 """
 from __future__ import annotations
 
+from ..codecs.collectives import two_phase_allreduce
 from ..ops import AllReduce, Compute, StepDone, Wait
 from ..outer import OuterNesterov
 
@@ -26,10 +27,21 @@ def allreduce_grads(ctx, learner, overlap: bool):
     """Yield one step's forward, bucketed backward and gradient all-reduce.
 
     Returns (metrics, averaged buckets). Used by ``ddp`` and by cooperative programs.
+    With a codec (``communication.codec``) each bucket goes through the two-phase
+    compressed all-reduce after backward; compressed exchanges are blocking sequences
+    of ops, so they do not overlap backward.
     """
     metrics = yield Compute(learner.forward_backward, flops=learner.fwd_flops, name="forward")
     buckets = yield Compute(learner.grad_buckets, name="pack")
     shares = _backward_shares(learner, buckets)
+    codec = ctx.codec
+    if codec is not None:
+        yield Compute(flops=sum(shares), name="backward")
+        reduced = []
+        for i, b in enumerate(buckets):
+            reduced.append((yield from two_phase_allreduce(codec, b, rank=ctx.rank, group=ctx.group,
+                                                           world_size=ctx.world_size, key=f"grad{i}", average=True)))
+        return metrics, reduced
     if overlap:
         handles = []
         for i, (b, f) in enumerate(zip(buckets, shares)):
