@@ -119,6 +119,8 @@ class TrainingSpec(Strict):
     lr: float = Field(3e-4, gt=0, description="learning rate")
     local_steps: int = Field(10, ge=1, description="H for local_sgd/diloco: steps between averaging")
     checkpoint_every: int = Field(0, ge=0, description="steps between checkpoints (0: none)")
+    eval_every: int = Field(0, ge=0, description="steps between held-out evaluations recorded in the "
+                            "report's metrics (0: only after the last step)")
 
 
 class SimulationSpec(Strict):
@@ -130,9 +132,9 @@ class SimulationSpec(Strict):
 class RolePolicySpec(Strict):
     """Role policies of the cooperative program (oresearcher.roles)."""
 
-    policy: Literal["dynamic", "static", "off"] = Field(
+    policy: Literal["dynamic", "static", "plain"] = Field(
         "dynamic", description="dynamic: re-assign roles after every fusion round; static: keep the "
-        "initial mix; off: no specialisation (every agent trains plainly and validates)")
+        "initial mix; plain: no specialisation (every agent trains plainly and validates)")
     explorer_lr_scale: float = Field(2.0, gt=0, le=100, description="explorer learning rate / base lr (ratio)")
     explorer_noise: float = Field(0.01, ge=0, le=1, description="explorer parameter noise after each round, "
                                   "std relative to the parameters' RMS (0..1)")
@@ -168,7 +170,8 @@ class AllocationSpec(Strict):
     """Dynamic resource allocation (oresearcher.allocation)."""
 
     enabled: bool = Field(True, description="re-divide each round's local steps by reward improvement")
-    temperature: float = Field(1.0, gt=0, le=1e3, description="softmax temperature over contributions")
+    temperature: float = Field(0.1, gt=0, le=1e3, description="softmax temperature over contributions "
+                               "(reward improvements per round, rewards in [0, 1])")
     floor: float = Field(0.5, ge=0, le=1, description="minimum share, as a fraction of the equal share (0..1)")
 
 

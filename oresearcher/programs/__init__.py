@@ -38,7 +38,7 @@ class AgentContext:
     mode: str = "shape"
     device: torch.device = torch.device("cpu")
     group: Optional[tuple] = None
-    eval_every: int = 0  # 0: never evaluate inside the loop
+    eval_every: Optional[int] = None  # None: training.eval_every; 0: only after the last step
     _codec: object = None
 
     @property
@@ -66,9 +66,15 @@ class AgentContext:
     def numeric(self) -> bool:
         return self.mode != "shape"
 
+    @property
+    def eval_interval(self) -> int:
+        """Steps between evaluations (0: only after the last step)."""
+        return self.scenario.training.eval_every if self.eval_every is None else self.eval_every
+
     def should_eval(self, step: int) -> bool:
         last = step == self.steps - 1
-        return self.numeric and (last or (self.eval_every > 0 and (step + 1) % self.eval_every == 0))
+        every = self.eval_interval
+        return self.numeric and (last or (every > 0 and (step + 1) % every == 0))
 
 
 def get_program(strategy: str) -> Callable:

@@ -43,6 +43,7 @@ import torch
 
 from .. import roles as R
 from ..allocation import AllocationState
+from ..codecs.collectives import two_phase_allreduce
 from ..fusion import HeterogeneousEnsemble, fuse, group_weights
 from ..ops import AllGather, AllReduce, Compute, StepDone
 from ..outer import OuterNesterov
@@ -122,18 +123,30 @@ def train_step(ctx, learner, role, cfg, share_group, share, codec):
     else:
         metrics = yield Compute(learner.forward_backward, flops=flops, name="fwd_bwd")
     if share:
-        buckets = yield Compute(learner.grad_buckets, name="pack")
+        buckets = yield Compute(_finite_buckets, learner, name="pack")
         reduced = []
-        for b in buckets:
+        for i, b in enumerate(buckets):
             if codec is None:
                 reduced.append((yield AllReduce(b, group=share_group, op="avg", name="grad_share")))
-            else:
-                from ..codecs.collectives import allgather_exchange
-                reduced.append((yield from allgather_exchange(codec, b, group=share_group)))
+            else:  # compressed: each rank's codec state (error feedback) is keyed per bucket;
+                # two-phase keeps the codec's saving where an all-gather of payloads would not
+                reduced.append((yield from two_phase_allreduce(codec, b, rank=ctx.rank, group=share_group,
+                                                               world_size=ctx.world_size, key=f"grad{i}",
+                                                               average=True)))
         yield Compute(learner.apply_grads, reduced, name="optimizer")
     else:
         yield Compute(learner.optimizer_step, name="optimizer")
     return dict(metrics or {})
+
+
+def _finite_buckets(learner) -> list:
+    """The gradient buckets, zeroed if any value is non-finite: a diverged agent must not
+    poison the others through gradient sharing (fusion excludes it at the round's end)."""
+    buckets = learner.grad_buckets()
+    if buckets and buckets[0].device.type != "meta" and not all(bool(torch.isfinite(b).all()) for b in buckets):
+        log.warning("non-finite gradients: this agent shares zeros until the fusion round")
+        buckets = [torch.zeros_like(b) for b in buckets]
+    return buckets
 
 
 def gather_params(ctx, learner, pad_to: int):
@@ -151,7 +164,9 @@ def _novelty(probs: list) -> list[float]:
         return [0.0] * n
     width = max(p.shape[-1] for p in probs)
     out = []
-    with torch.no_grad():
+    # fork_rng: building the ensemble draws initial weights (then overwritten); keep that
+    # off the global generator so tasks that use it see the same stream on every backend
+    with torch.no_grad(), torch.random.fork_rng(devices=[]):
         for j in range(n):
             others = [probs[k] for k in range(n) if k != j]
             ens = HeterogeneousEnsemble([p.shape[-1] for p in others], width)(others)
@@ -205,7 +220,7 @@ def cooperative(ctx, learner):
                     initial_lr_mult(sc.seed, n, cfg.roles.lr_jitter))
     alloc = AllocationState(n, cfg.allocation.temperature, cfg.allocation.floor, cfg.allocation.enabled)
     rounds = round_lengths(ctx.steps, sc.communication.interval)
-    codec = _build_codec(sc.communication.codec)
+    codec = ctx.codec
     outer = OuterNesterov(cfg.fusion.outer_lr, cfg.fusion.outer_momentum) if cfg.fusion.outer == "nesterov" else None
     costs = lambda: [step_cost(r, cfg.roles.optimizer_method) for r in st.roles]  # noqa: E731
     steps_now, _ = alloc.plan([float("nan")] * n, n * rounds[0], costs())
@@ -213,7 +228,7 @@ def cooperative(ctx, learner):
     step = 0
     if outer is not None:
         outer.set_anchor((yield Compute(learner.flat_params, name="pack")))
-    for rnd, base in enumerate(rounds):
+    for rnd in range(len(rounds)):
         st.round = rnd
         role = st.roles[rank]
         _configure(learner, cfg, role, st.lr_mult[rank], sc)
@@ -232,23 +247,16 @@ def cooperative(ctx, learner):
                 yield StepDone(step, metrics)
                 step += 1
         progress = (rnd + 1) / len(rounds)
-        info, steps_now = yield from _round_end(ctx, learner, st, alloc, outer, swa, ids, losses, progress,
+        info, steps_now = yield from _round_end(ctx, learner, st, alloc, outer, swa, ids, pad_to, losses, progress,
                                                 units=n * rounds[rnd + 1] if rnd + 1 < len(rounds) else 0)
         metrics.update(info)
         if rnd == len(rounds) - 1:
             metrics.update((yield from _final(ctx, learner, st, ids, pad_to, losses)))
-        elif ctx.eval_every > 0 and ctx.numeric:
+        elif ctx.eval_interval > 0 and ctx.numeric:
             metrics.update((yield Compute(learner.evaluate, name="evaluate")))
         yield StepDone(step, metrics)
         step += 1
     return getattr(learner, "cooperative_result", None)
-
-
-def _build_codec(spec: str):
-    if spec == "none":
-        return None
-    from ..codecs import build  # the codecs issue; a missing module is a setup error worth seeing
-    return build(spec)
 
 
 def _current_lr(learner) -> float:
@@ -263,12 +271,11 @@ def _configure(learner, cfg, role, lr_mult, sc) -> None:
         learner.set_exploration(cfg.roles.explorer_epsilon_scale if role == "explorer" else 1.0)
 
 
-def _round_end(ctx, learner, st, alloc, outer, swa, ids, losses, progress, units):
+def _round_end(ctx, learner, st, alloc, outer, swa, ids, pad_to, losses, progress, units):
     """Gather, validate, decide, fuse; returns (metrics of this round, next round's steps)."""
     sc, cfg, rank, n = ctx.scenario, ctx.scenario.cooperation, ctx.rank, ctx.world_size
     if swa.count:
         yield Compute(lambda: learner.set_flat_params(swa.take(learner.dtype)), name="swa_apply")
-    pad_to = max((learner.arch_numel(a) if hasattr(learner, "arch_numel") else learner.numel) for a in ids)
     flats = yield from gather_params(ctx, learner, pad_to)
     numeric = ctx.numeric and flats[0].device.type != "meta"
     train_loss = float(torch.tensor(losses).nanmean()) if losses else float("nan")

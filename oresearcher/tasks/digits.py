@@ -1,0 +1,180 @@
+"""digits: scikit-learn's bundled 8x8 handwritten digits (1797 images, 10 classes).
+
+The data ships inside scikit-learn, so nothing is downloaded. A fixed stratified split
+(seed 0, the same for every scenario seed so all runs are measured on one test set):
+60 % train, 20 % validation (the validators' held-out data), 20 % test (the benchmark's
+final metric, never seen by any decision). Pixels are scaled to [0, 1].
+
+Models (``workload.model`` or, per agent, ``agents.architectures``):
+
+- ``mlp``: 64 -> 64 -> 10, ReLU.
+- ``mlp-wide``: 64 -> 128 -> 10, ReLU.
+- ``cnn``: conv 3x3 (8 ch) -> conv 3x3 stride 2 (16 ch) -> linear 10.
+
+Every agent of one architecture starts from the same base model (initialised from the
+scenario seed: the agents are clones); agents differ by their data order (seeded by
+scenario seed and rank) and by the hyperparameters the program gives them. Each agent
+draws its batches (``workload.global_batch / agents.count`` samples) from the whole
+training set in its own order: statistically the same as sharding it.
+
+Usage: ``make_learner(scenario, rank, mode="numeric")``.
+"""
+from __future__ import annotations
+
+import functools
+import zlib
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..errors import UserError
+from ..programs.learner import DTYPES, TorchLearner
+from ..rewards import overconfident_error_safety
+from ..workloads import measure_module
+
+N_CLASSES = 10
+
+
+def build_model(name: str) -> nn.Module:
+    if name == "mlp":
+        return nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, N_CLASSES))
+    if name == "mlp-wide":
+        return nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, N_CLASSES))
+    if name == "cnn":
+        return nn.Sequential(
+            nn.Unflatten(1, (1, 8, 8)),
+            nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(),
+            nn.Conv2d(8, 16, 3, stride=2, padding=1), nn.ReLU(),  # [B, 16, 4, 4]
+            nn.Flatten(), nn.Linear(16 * 4 * 4, N_CLASSES))
+    raise UserError(f"workload.model: digits has models mlp, mlp-wide, cnn (got {name!r})")
+
+
+MODELS = ("mlp", "mlp-wide", "cnn")
+
+
+@functools.lru_cache(maxsize=1)
+def load_splits() -> dict:
+    """{"train"|"val"|"test": (X [N, 64] float32 in [0, 1], y [N] int64)}."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    data = load_digits()
+    X, y = data.data.astype("float32") / 16.0, data.target.astype("int64")
+    X_tr, X_rest, y_tr, y_rest = train_test_split(X, y, test_size=0.4, random_state=0, stratify=y)
+    X_val, X_te, y_val, y_te = train_test_split(X_rest, y_rest, test_size=0.5, random_state=0, stratify=y_rest)
+    t = lambda a: torch.from_numpy(a)  # noqa: E731
+    return {"train": (t(X_tr), t(y_tr)), "val": (t(X_val), t(y_val)), "test": (t(X_te), t(y_te))}
+
+
+def expected_calibration_error(probs: torch.Tensor, labels: torch.Tensor, bins: int = 10) -> float:
+    """ECE (Guo et al. 2017): mean |accuracy - confidence| over equal-width confidence
+    bins, weighted by the fraction of samples in each bin. In [0, 1]."""
+    conf, pred = probs.max(-1)
+    correct = (pred == labels).float()
+    edges = torch.linspace(0, 1, bins + 1)
+    ece = torch.zeros(())
+    for lo, hi in zip(edges[:-1], edges[1:]):
+        m = (conf > lo) & (conf <= hi)
+        if m.any():
+            ece += m.float().mean() * (correct[m].mean() - conf[m].mean()).abs()
+    return float(ece)
+
+
+def _batches(X, y, batch: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    while True:
+        perm = torch.randperm(len(X), generator=g)
+        for i in range(0, len(X) - batch + 1, batch):
+            idx = perm[i:i + batch]
+            yield X[idx], y[idx]
+
+
+def _loss(module, batch):
+    x, y = batch
+    return F.cross_entropy(module(x), y)
+
+
+def _seed(scenario_seed: int, arch: str) -> int:
+    return scenario_seed * 1009 + zlib.crc32(arch.encode()) % 1000
+
+
+class DigitsLearner(TorchLearner):
+    """TorchLearner plus what the cooperative program asks of a task (held-out scoring)."""
+
+    metric_name = "accuracy"
+
+    def __init__(self, arch: str, seed: int, rank: int, batch: int, lr: float, optimizer: str,
+                 dtype: torch.dtype, bucket_bytes: int, device="cpu"):
+        torch.manual_seed(_seed(seed, arch))
+        module = build_model(arch).to(dtype)
+        splits = load_splits()
+        X, y = splits["train"]
+        self.device = torch.device(device)
+        opt = (torch.optim.AdamW(module.parameters(), lr=lr) if optimizer == "adamw"
+               else torch.optim.SGD(module.parameters(), lr=lr, momentum=0.9))
+        fwd, bwd, _ = measure_module(module, (X[:batch].to(dtype),), lambda out: F.cross_entropy(out, y[:batch]))
+        module.to(self.device)
+        super().__init__(module, opt, _batches(X.to(self.device, dtype), y.to(self.device), batch,
+                                               seed * 1000 + rank), _loss,
+                         fwd_flops=fwd, bwd_flops=bwd, bucket_bytes=bucket_bytes)
+        self.arch, self.dtype_, self._scratch = arch, dtype, {}
+        Xv = splits["val"][0].to(self.device, dtype)
+        self.eval_flops = float(measure_module(self._module_for(arch), (Xv,), lambda o: o.sum())[0])
+
+    def arch_numel(self, arch: str) -> int:
+        return sum(p.numel() for p in self._module_for(arch).parameters())
+
+    def _module_for(self, arch: str) -> nn.Module:
+        if arch not in self._scratch:
+            self._scratch[arch] = build_model(arch).to(self.device, self.dtype_)
+        return self._scratch[arch]
+
+    def _score(self, module: nn.Module, split: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        X, y = load_splits()[split]
+        module.eval()
+        with torch.no_grad():
+            logits = module(X.to(self.device, self.dtype_)).float().cpu()
+        return logits, y, logits.softmax(-1)
+
+    def evaluate(self) -> dict:
+        """Test-set metrics of this agent (the benchmark's final metric)."""
+        logits, y, _ = self._score(self.module, "test")
+        acc = float((logits.argmax(-1) == y).float().mean())
+        return {"test_accuracy": acc, "test_loss": float(F.cross_entropy(logits, y)), "metric": acc}
+
+    def evaluate_params(self, flat: torch.Tensor, arch: str) -> dict:
+        """Validator's view of one agent: its flat parameters on the validation split.
+
+        Returns metric (accuracy), loss, calibration (ECE), safety (no confident errors),
+        probs ([N_val, 10], for novelty) and flops (what this evaluation computed).
+        """
+        module = self._module_for(arch)
+        torch.nn.utils.vector_to_parameters(flat[: self.arch_numel(arch)].to(self.device, self.dtype_),
+                                            module.parameters())
+        logits, y, probs = self._score(module, "val")
+        if not torch.isfinite(logits).all():
+            nan = float("nan")
+            return {"metric": nan, "loss": nan, "calibration": nan, "safety": 0.0, "probs": probs,
+                    "flops": self.eval_flops}
+        return {
+            "metric": float((logits.argmax(-1) == y).float().mean()),
+            "loss": float(F.cross_entropy(logits, y)),
+            "calibration": expected_calibration_error(probs, y),
+            "safety": overconfident_error_safety(probs, y),
+            "probs": probs,
+            "flops": self.eval_flops,
+        }
+
+
+def make_learner(scenario, rank: int, *, mode: str, device="cpu") -> DigitsLearner:
+    if mode == "shape":
+        raise UserError("workload.task=digits runs in numeric or real mode only (simulation.mode: numeric)")
+    w = scenario.workload
+    archs = scenario.agents.architectures
+    arch = archs[rank] if archs else w.model
+    if arch not in MODELS:
+        raise UserError(f"workload.model: digits has models {', '.join(MODELS)} (got {arch!r})")
+    batch = max(1, w.global_batch // scenario.world_size)
+    return DigitsLearner(arch, scenario.seed, rank, batch, scenario.training.lr, w.optimizer,
+                         DTYPES[w.dtype], scenario.communication.bucket_bytes, device)

@@ -1,0 +1,226 @@
+"""End-to-end runs of the cooperative program (oresearcher.programs.cooperative).
+
+4 agents for a few rounds in the reference interpreter, the simulator and on gloo, plus
+the promises the program makes: compute per round constant, flagged agents excluded
+and healed, every role switch logged with its reason, heterogeneous architectures.
+"""
+import json
+import logging
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from oresearcher import ops as O
+from oresearcher.programs import AgentContext, get_program
+from oresearcher.programs.cooperative import arch_group, initial_lr_mult, round_lengths, step_cost
+from oresearcher.programs.learner import ShapeLearner
+from oresearcher.scenario import load_scenario
+from oresearcher.tasks import make_learner
+from oresearcher.testing import run_programs
+
+ROOT = Path(__file__).resolve().parents[1]
+DIGITS = ROOT / "scenarios" / "digits-4.yaml"
+SMALL = ["training.steps=24", "communication.interval=6"]
+
+
+def _scenario(*overrides, path=DIGITS):
+    return load_scenario(path, SMALL + list(overrides))
+
+
+def _run(sc, learners=None, wrap=None):
+    n = sc.world_size
+    learners = learners or [make_learner(sc, r, mode="numeric") for r in range(n)]
+    prog = get_program(sc.training.strategy)
+    gens = [prog(AgentContext(r, n, sc, mode="numeric"), l) for r, l in enumerate(learners)]
+    if wrap:
+        gens = [wrap(r, g) for r, g in enumerate(gens)]
+    return run_programs(gens), learners
+
+
+def test_helpers():
+    assert round_lengths(24, 6) == [6] * 4 and round_lengths(25, 10) == [10, 10, 5]
+    assert step_cost("optimizer", "sam") == 2 and step_cost("optimizer", "swa") == 1 and step_cost("explorer", "sam") == 1
+    assert arch_group(["a", "a", "b", "b"], 2) == (2, 3) and arch_group(["a"] * 3, 0) is None
+    assert initial_lr_mult(0, 4, 0.2) == initial_lr_mult(0, 4, 0.2)
+    assert all(math.exp(-0.2) <= m <= math.exp(0.2) for m in initial_lr_mult(3, 8, 0.2))
+
+
+def _recorder(log):
+    def wrap(rank, gen):
+        val, rnd = None, 0
+        while True:
+            try:
+                op = gen.send(val)
+            except StopIteration as stop:
+                return stop.value
+            if isinstance(op, O.Compute):
+                log.append((rank, rnd, op.name, op.flops))
+            if isinstance(op, O.StepDone) and "reward" in op.metrics:
+                rnd += 1
+            val = yield op
+    return wrap
+
+
+def test_four_agents_reference_interpreter(caplog):
+    sc = _scenario("cooperation.roles.optimizer_method=sam")
+    ops = []
+    with caplog.at_level(logging.INFO, logger="oresearcher.programs.cooperative"):
+        steps, learners = _run(sc, wrap=_recorder(ops))
+    rounds = [[s.metrics for s in per if "reward" in s.metrics] for per in steps]
+    assert all(len(r) == 4 for r in rounds)  # one round-end record per round per agent
+    finals = [per[-1].metrics for per in steps]
+    for f in finals:
+        assert 0.0 <= f["test_accuracy"] <= 1.0 and math.isfinite(f["final_reliability"])
+        assert f["role"] in (0, 1, 2)
+    results = [l.cooperative_result for l in learners]
+    assert all(r["roles"] == results[0]["roles"] for r in results)  # every rank decided the same
+    assert "validator" in results[0]["roles"]
+    assert results[0]["reliability"] == pytest.approx(results[3]["reliability"])
+    # compute per round is constant: units of fwd-bwd (SAM counts 2) add up to n * interval,
+    # up to what is carried over (less than one SAM step per agent)
+    for rnd in range(4):
+        units = sum(2 if name == "sam_fwd_bwd" else 1 for _, r, name, _ in ops
+                    if r == rnd and name in ("fwd_bwd", "sam_fwd_bwd"))
+        assert 4 * 6 - 4 <= units <= 4 * 6
+    sam = [f for _, _, name, f in ops if name == "sam_fwd_bwd"]
+    plain = [f for _, _, name, f in ops if name == "fwd_bwd"]
+    assert sam and plain and sam[0] == pytest.approx(2 * plain[0])  # SAM charged twice
+    # role switches carry their reason, in the log and in the metrics
+    switched = [m for per in rounds for m in per if "role_switch" in m]
+    logged = [r.getMessage() for r in caplog.records if "role" in r.getMessage() and "->" in r.getMessage()]
+    assert len(switched) == len(logged)
+    for m in switched:
+        assert "difficulty" in m["role_switch"]
+
+
+def test_reference_runs_are_deterministic():
+    a, la = _run(_scenario("training.steps=12"))
+    b, lb = _run(_scenario("training.steps=12"))
+    for x, y in zip(la, lb):
+        assert torch.equal(x.flat_params(), y.flat_params())
+    assert [s.metrics.get("reward") for s in a[1]] == [s.metrics.get("reward") for s in b[1]]
+
+
+class _Poisoned:
+    """Wraps a learner; after ``at`` forward passes its parameters become NaN."""
+
+    def __init__(self, inner, at):
+        self.inner, self.at, self.calls = inner, at, 0
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def forward_backward(self):
+        self.calls += 1
+        if self.calls == self.at:
+            with torch.no_grad():
+                for p in self.inner.params:
+                    p.fill_(float("nan"))
+        return self.inner.forward_backward()
+
+
+def test_diverged_agent_is_flagged_excluded_and_healed():
+    sc = _scenario("cooperation.roles.policy=static", "cooperation.allocation.enabled=false",
+                   "cooperation.roles.optimizer_method=swa")
+    learners = [make_learner(sc, r, mode="numeric") for r in range(4)]
+    learners[1] = _Poisoned(learners[1], at=8)  # agent 1 (6 steps a round) breaks in round 1
+    assert sc.communication.gradient_sharing  # its NaN gradients must not spread either
+    steps, _ = _run(sc, learners)
+    rounds = [[s.metrics for s in per if "reward" in s.metrics] for per in steps]
+    assert rounds[1][1]["excluded"] == 1.0
+    assert all(rounds[r][1]["excluded"] == 0.0 for r in range(4) if r != 1)
+    # nobody else took any of its weight: everyone stays finite, and it was healed by fusion
+    for l in learners:
+        assert bool(torch.isfinite(l.flat_params()).all())
+    assert steps[1][-1].metrics["final_excluded"] == 0.0
+
+
+def test_heterogeneous_architectures_and_gradient_sharing():
+    sc = _scenario("agents.architectures=[mlp, mlp, cnn, cnn]", "communication.gradient_sharing=true",
+                   "cooperation.roles.optimizer_method=swa")
+    ops = []
+    steps, learners = _run(sc, wrap=_recorder(ops))
+    assert learners[0].numel != learners[2].numel
+    assert all(math.isfinite(per[-1].metrics["test_accuracy"]) for per in steps)
+    assert any(name == "swa" for _, _, name, _ in ops)
+
+
+def test_shape_mode_runs_and_keeps_roles():
+    sc = _scenario("training.steps=8", "communication.interval=4")
+    learners = [ShapeLearner([100, 10], 1e6, 2e6, dtype=torch.float32) for _ in range(4)]
+    prog = get_program("oresearcher")
+    gens = [prog(AgentContext(r, 4, sc, mode="shape"), l) for r, l in enumerate(learners)]
+    steps = run_programs(gens)
+    assert all(len(s) > 0 for s in steps)
+    roles = [s[-1].metrics["role"] for s in steps]
+    assert roles == [0, 1, 1, 2]  # the initial mix: explorer, optimizer x2, validator
+
+
+def test_cartpole_four_agents():
+    sc = load_scenario(ROOT / "scenarios" / "cartpole-4.yaml", ["training.steps=20", "communication.interval=10"])
+    steps, learners = _run(sc)
+    assert all(per[-1].metrics["test_return"] >= 1 for per in steps)
+    assert all(l.reward_weights is not None for l in learners)  # the reward is the return they optimise
+    assert len({tuple(l.cooperative_result["roles"]) for l in learners}) == 1
+
+
+def test_simulator_matches_reference():
+    simulate = pytest.importorskip("oresearcher.sim.simulate").simulate
+    sc = _scenario("training.steps=12")
+    report, _ = simulate(sc)
+    ref, _ = _run(sc)
+    for r in range(4):
+        sim_last = report["metrics"][str(r)][-1]
+        assert sim_last["test_accuracy"] == pytest.approx(ref[r][-1].metrics["test_accuracy"])
+        assert sim_last["reward"] == pytest.approx(ref[r][-1].metrics["reward"])
+    names = {b["name"] for b in report["breakdown"]}
+    assert {"param_gather", "score_gather"} <= names
+    assert report["total_time_s"] > 0
+
+
+def test_gloo_end_to_end(tmp_path):
+    pytest.importorskip("oresearcher.run")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "oresearcher.run", "--backend=gloo", "--scenario", str(DIGITS), "--steps=12",
+           "--communication_interval=6", "--set", "communication.gradient_sharing=false", "--out", str(tmp_path),
+           "--no-tensorboard", "--no-progress", "--timeout=60"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=150)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads((tmp_path / "report.json").read_text())
+    last = [report["metrics"][str(r)][-1] for r in range(4)]
+    assert all(0.0 <= m["test_accuracy"] <= 1.0 for m in last)
+    assert len({m["final_reliability"] for m in last}) >= 1
+    sc = _scenario("training.steps=12", "communication.gradient_sharing=false")
+    ref, _ = _run(sc)  # all-gathers move values exactly: gloo reproduces the reference interpreter
+    assert [m["role"] for m in last] == [ref[r][-1].metrics["role"] for r in range(4)]
+    for r in range(4):
+        assert last[r]["test_accuracy"] == pytest.approx(ref[r][-1].metrics["test_accuracy"], abs=1e-6)
+        assert last[r]["reward"] == pytest.approx(ref[r][-1].metrics["reward"], abs=1e-6)
+
+
+@pytest.mark.parametrize("override, field", [
+    ("cooperation.fusion.temperature=0", "cooperation.fusion.temperature"),
+    ("cooperation.roles.policy=off", "cooperation.roles.policy"),
+    ("cooperation.allocation.floor=1.5", "cooperation.allocation.floor"),
+    ("cooperation.rewards.schedule=exp", "cooperation.rewards.schedule"),
+    ("cooperation.roles.exploit_fraction=0.7", "cooperation.roles.exploit_fraction"),
+    ("cooperation.fusion.colour=red", "cooperation.fusion.colour"),
+])
+def test_cooperation_fields_are_validated(override, field):
+    from oresearcher.errors import UserError
+
+    with pytest.raises(UserError, match=field.replace(".", r"\.")):
+        load_scenario(DIGITS, [override])
+
+
+def test_cooperation_fields_are_documented():
+    from oresearcher.scenario import CooperationSpec
+
+    for section in CooperationSpec.model_fields.values():
+        for name, f in section.annotation.model_fields.items():
+            assert f.description, f"cooperation field {name} has no description"
