@@ -23,7 +23,7 @@ def timeline_png(tl, path: Path, max_ranks: int = 16, max_steps: int = 3) -> Non
     lanes = {"compute": (0.0, 0.28), "comm": (0.3, 0.14), "blocked": (0.44, 0.14)}
     bars = {}
     for s in tl.spans:
-        if s.rank in ranks and s.start <= horizon:
+        if s.rank in ranks and s.start <= horizon and s.cat in lanes:
             bars.setdefault((s.rank, s.cat), []).append((s.start, max(s.end - s.start, horizon * 1e-4)))
     for (rank, cat), xs in bars.items():  # one call per lane: thousands of spans stay fast
         y, h = lanes.get(cat, (0.0, 0.28))

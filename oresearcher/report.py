@@ -16,6 +16,9 @@ Definitions (per step, averaged over steps; "mean" is over ranks):
 - ``comm_overhead``: ``exposed_comm_time_s / step_time_s``.
 - ``wire_bytes_per_step``: mean bytes one rank sent on the network per step (what the
   collective algorithm moves, not the payload size).
+- ``peer_wait_time_s``: the part of ``comm_time_s`` a rank spent waiting for the other
+  members of a collective to arrive (load imbalance, not the network). Recorded by
+  backends that know when every member arrived (the simulator).
 """
 from __future__ import annotations
 
@@ -36,7 +39,8 @@ class Span:
     """One interval of one rank's timeline.
 
     cat: "compute" (a Compute op), "comm" (a collective in flight, issue to completion),
-    "blocked" (the rank waited on communication).
+    "blocked" (the rank waited on communication), "peer_wait" (part of a collective in
+    flight before its last member arrived).
     """
 
     rank: int
@@ -117,6 +121,7 @@ def summarize(tl: Timeline, scenario: dict, backend: str, extra: dict | None = N
         "comm_time_s": _mean(tl.totals[r]["comm"] for r in ranks) / per,
         "exposed_comm_time_s": exposed,
         "comm_overhead": exposed / step_time if step_time > 0 else 0.0,
+        "peer_wait_time_s": _mean(tl.totals[r]["peer_wait"] for r in ranks) / per,
         "wire_bytes_per_step": _mean(tl.wire[r] for r in ranks) / per,
         "total_time_s": end - t0,
         "breakdown": [

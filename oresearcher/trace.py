@@ -11,18 +11,19 @@ from pathlib import Path
 
 from .report import Timeline, write_json
 
-_TRACKS = {"compute": 0, "blocked": 1, "comm": 2}
+_TRACKS = {"compute": 0, "blocked": 1, "comm": 2, "peer_wait": 3}
+_PER_RANK = len(_TRACKS)
 
 
 def to_chrome_trace(tl: Timeline, name: str = "oresearcher") -> dict:
     events = [{"ph": "M", "pid": 0, "name": "process_name", "args": {"name": name}}]
     for r in range(tl.world_size):
         for cat, k in _TRACKS.items():
-            events.append({"ph": "M", "pid": 0, "tid": r * 3 + k, "name": "thread_name",
+            events.append({"ph": "M", "pid": 0, "tid": r * _PER_RANK + k, "name": "thread_name",
                            "args": {"name": f"rank {r} {cat}"}})
     for s in tl.spans:
         events.append({
-            "ph": "X", "pid": 0, "tid": s.rank * 3 + _TRACKS.get(s.cat, 0), "name": s.name, "cat": s.cat,
+            "ph": "X", "pid": 0, "tid": s.rank * _PER_RANK + _TRACKS[s.cat], "name": s.name, "cat": s.cat,
             "ts": s.start * 1e6, "dur": max(s.end - s.start, 0.0) * 1e6,
             "args": {"wire_bytes": s.wire_bytes, **s.args} if s.cat == "comm" else dict(s.args),
         })

@@ -48,6 +48,7 @@ def print_report(report: dict, title: str) -> None:
     t.add_row("step time", _ms(report["step_time_s"]))
     t.add_row("compute time", _ms(report["compute_time_s"]))
     t.add_row("communication time (in flight)", _ms(report["comm_time_s"]))
+    t.add_row("  of which waiting for slower peers", _ms(report["peer_wait_time_s"]))
     t.add_row("exposed communication time", _ms(report["exposed_comm_time_s"]))
     t.add_row("communication overhead (exposed / step)", f"{report['comm_overhead']:.2%}")
     t.add_row("bytes on the wire per rank", _bytes(report["wire_bytes_per_step"]))

@@ -178,6 +178,10 @@ class Engine:
 
     def _run(self, inst):
         env = self.env
+        last = env.now  # the last member just arrived: the others waited for it
+        for r in inst.ranks:
+            if inst.issued[r] < last:
+                self.tl.record(r, "peer_wait", inst.name, inst.issued[r], last)
         inst.results = self._results(inst)
         fixed, steps, wire, algo = self._plan(inst)
         if fixed:

@@ -103,3 +103,15 @@ def test_ddp_numeric_keeps_agents_identical():
     report, _ = simulate(s)
     finals = {r: ms[-1]["loss"] for r, ms in report["metrics"].items()}
     assert len(finals) == 4  # different data per rank, but every rank reports
+
+
+def test_waiting_for_a_slower_peer_is_reported_apart_from_transfer():
+    def p(rank):
+        yield O.Compute(flops=1e9 * (1 + rank))  # rank 1 arrives 1 ms later (1 TFLOP/s device)
+        yield O.AllReduce(torch.empty(1024, device="meta"))
+        yield O.StepDone(0)
+    r = summarize(Engine(topo(2), DEVICE).run([p(0), p(1)]), {}, "sim")
+    assert r["peer_wait_time_s"] == pytest.approx(0.5e-3, rel=1e-9)  # mean of 1 ms and 0
+    transfer = (2 + 5 + 2) * 1e-6 + 4096 / 100e9  # call + base + 2 hops + 4 KiB at 100 GB/s
+    assert r["comm_time_s"] == pytest.approx(0.5e-3 + transfer, rel=1e-9)
+    assert r["exposed_comm_time_s"] >= r["peer_wait_time_s"]
