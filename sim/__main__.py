@@ -59,7 +59,7 @@ def print_report(report: dict, title: str) -> None:
         for col in ("collective", "calls/step/rank", "in flight/step/rank", "wire/step/rank"):
             b.add_column(col, justify="right" if col != "collective" else "left")
         for row in report["breakdown"]:
-            b.add_row(row["name"], f"{row['count'] / steps / ws:g}", _ms(row["time_s"] / steps / ws),
+            b.add_row(row["name"], f"{row['count'] / steps / ws:.3g}", _ms(row["time_s"] / steps / ws),
                       _bytes(row["wire_bytes"] / steps / ws))
         console.print(b)
     mem = report.get("memory")
