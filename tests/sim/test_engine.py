@@ -84,10 +84,14 @@ def test_deadlock_is_reported_not_hung():
         Engine(topo(2), DEVICE).run([p(0), p(1)])
 
 
-def test_same_scenario_same_report_byte_for_byte():
-    s = load_scenario("scenarios/cpu-tiny.yaml", ["training.steps=5"])
-    a, _ = simulate(s)
-    b, _ = simulate(load_scenario("scenarios/cpu-tiny.yaml", ["training.steps=5"]))
+@settings(max_examples=6, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.integers(1, 4), st.sampled_from(["ddp", "local_sgd", "oresearcher"]),
+       st.sampled_from(["shape", "numeric"]))
+def test_same_scenario_same_report_byte_for_byte(seed, steps, strategy, mode):
+    sets = [f"seed={seed}", f"training.steps={steps}", f"training.strategy={strategy}", f"simulation.mode={mode}",
+            "training.local_steps=2", "communication.interval=2"]
+    a, _ = simulate(load_scenario("scenarios/cpu-tiny.yaml", sets))
+    b, _ = simulate(load_scenario("scenarios/cpu-tiny.yaml", sets))
     assert json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
 
 
