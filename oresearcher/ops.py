@@ -38,7 +38,8 @@ ReduceScatter this rank's chunk of the reduced tensor (``tensor`` is split into
 AllGather     list of the members' tensors, in group order
 AllToAll      list: element j is what group member j sent to this rank
 Broadcast     the root's tensor
-Send          ``None``
+Send          ``None``, at once: sends are buffered; the data moves when the
+              matching Recv is posted
 Recv          the tensor sent by ``src``
 Barrier       ``None``
 Wait          the result of the awaited collective

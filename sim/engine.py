@@ -54,7 +54,8 @@ class Engine:
         self.net = FlowNetwork(self.env, topo.capacity)
         self._seq = defaultdict(int)
         self._world = tuple(range(self.world_size))
-        self._groups = {}  # id(group object) -> (object, resolved ranks, small id)
+        self._groups = {}  # id(group object) -> (object, resolved ranks, group key)
+        self._gkeys = {}  # resolved ranks -> group key
         self._pending = {}
         self._plans = {}
         self.on_step = None  # callback(rank, step) for progress bars
@@ -98,8 +99,9 @@ class Engine:
             elif isinstance(op, O.Wait):
                 val = yield from self._block(rank, op.handle.token)
             elif isinstance(op, O.Send):
-                inst = self._arrive(rank, op, "SendRecv", (rank, op.dst), ("p2p", rank, op.dst))
-                yield from self._block(rank, inst)
+                # buffered, as in the reference interpreter and the real backend (isend):
+                # the sender goes on; the transfer runs once the receiver posts its Recv
+                self._arrive(rank, op, "SendRecv", (rank, op.dst), ("p2p", rank, op.dst))
             elif isinstance(op, O.Recv):
                 inst = self._arrive(rank, op, "SendRecv", (op.src, rank), ("p2p", op.src, rank))
                 val = yield from self._block(rank, inst)
@@ -119,13 +121,16 @@ class Engine:
 
     # -- collectives ----------------------------------------------------------------
     def _group(self, group):
-        """(ranks, key) of a group; resolved once per group object (1,024-rank tuples
-        are expensive to sort and hash on every arrival)."""
+        """(ranks, key) of a group. Equal groups share a key whatever object each rank
+        passes; the resolution is cached per object (the cache keeps the object alive,
+        so its id is not reused), as 1,024-rank tuples are costly to sort and hash on
+        every arrival."""
         if group is None:
             return self._world, -1
         hit = self._groups.get(id(group))
-        if hit is None or hit[0] is not group:
-            hit = self._groups[id(group)] = (group, O.resolve_group(group, self.world_size), len(self._groups))
+        if hit is None:
+            ranks = O.resolve_group(group, self.world_size)
+            hit = self._groups[id(group)] = (group, ranks, self._gkeys.setdefault(ranks, len(self._gkeys)))
         return hit[1], hit[2]
 
     def _arrive(self, rank, op, kind, ranks, gkey):

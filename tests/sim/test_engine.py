@@ -119,3 +119,24 @@ def test_waiting_for_a_slower_peer_is_reported_apart_from_transfer():
     transfer = (2 + 5 + 2) * 1e-6 + 4096 / 100e9  # call + base + 2 hops + 4 KiB at 100 GB/s
     assert r["comm_time_s"] == pytest.approx(0.5e-3 + transfer, rel=1e-9)
     assert r["exposed_comm_time_s"] >= r["peer_wait_time_s"]
+
+
+def test_equal_groups_passed_as_different_objects_meet():
+    def p(rank):
+        out = yield O.AllReduce(torch.ones(2), group=[0, 1] if rank == 0 else (1, 0))
+        yield O.StepDone(0, {"sum": out.tolist()})
+    tl = Engine(topo(2), DEVICE).run([p(0), p(1)])
+    assert tl.metrics[0][0][2]["sum"] == [2.0, 2.0] == tl.metrics[1][0][2]["sum"]
+
+
+def test_ring_of_sends_then_receives_does_not_deadlock():
+    n = 3
+
+    def p(rank):
+        yield O.Send(torch.full((4,), float(rank)), dst=(rank + 1) % n)
+        got = yield O.Recv(torch.empty(4), src=(rank - 1) % n)
+        yield O.StepDone(0, {"got": got[0].item()})
+    ref = run_programs([p(r) for r in range(n)])
+    tl = Engine(topo(n), DEVICE).run([p(r) for r in range(n)])
+    for r in range(n):
+        assert tl.metrics[r][0][2]["got"] == ref[r][0].metrics["got"] == (r - 1) % n

@@ -1,0 +1,182 @@
+"""Measurements for ``oresearcher.calibrate``, taken inside a running process group.
+
+- Collectives: each kind over a size sweep. Every repetition starts after a barrier,
+  and its time is the *smallest* over ranks, which is the time from the last rank's
+  arrival to completion: what the simulator charges a collective (it starts once every
+  member has arrived). Collectives go through the interpreter real runs use, so the
+  payload copy and the issue are included. The mean over repetitions is kept, not the
+  median: on a shared machine a collective now and then waits a scheduler time slice
+  for a descheduled peer, and a run's report averages those waits in.
+- Compute: the scenario's own program runs a few steps on every rank at once (ranks
+  share cores as in a run), and its Compute ops are totalled: seconds measured and
+  FLOPs declared. The profile takes the *slowest* rank's mean: in synchronous training
+  the group moves at its pace.
+  The spread of step times (coefficient of variation) is recorded in the profile's
+  comments: the simulator's ranks are identical and steady, a shared machine's are not.
+- The workload's own collective sizes (its buckets, its flat parameters) are timed too.
+- Host overhead: the interpreter's fixed cost of a Compute op with nothing to run.
+
+The fit turning these into a hardware profile is pure math in
+:mod:`oresearcher.calibrate`.
+"""
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+
+from oresearcher import ops as O
+from oresearcher.report import Timeline
+
+from .interpreter import Interpreter
+
+log = logging.getLogger(__name__)
+
+KINDS = ("AllReduce", "AllGather")
+
+
+def _collective(kind: str, nbytes: int, world: int, device) -> O.Collective:
+    numel = max(1, nbytes // 4)
+    if kind == "AllReduce":
+        return O.AllReduce(torch.ones(numel, device=device))
+    if kind == "AllGather":
+        # nbytes is the gathered total (the ring formula's S); each rank adds 1/world
+        return O.AllGather(torch.ones(max(1, numel // world), device=device))
+    if kind == "Broadcast":
+        return O.Broadcast(torch.ones(numel, device=device), src=0)
+    raise ValueError(f"cannot calibrate {kind}")
+
+
+def measure_collectives(world: int, sizes, repeats: int, device, kinds=KINDS, workload: bool = False) -> list[dict]:
+    """Rows {kind, bytes, times_s: [per repetition, this rank], workload}; see the module docstring.
+
+    Each collective goes through the interpreter the runs use (payload copy, issue,
+    wait), so the host's share of a collective is in the figures.
+    """
+    rank = dist.get_rank()
+    interp = Interpreter(rank, world, device=device, timeline=Timeline(world, keep_spans=0), clock=time.perf_counter,
+                         backend=dist.get_backend())
+    rows = []
+    for kind in kinds:
+        for nbytes in sizes:
+            for _ in range(2):  # warm-up: connections, buffers
+                interp.execute(_collective(kind, nbytes, world, device))
+            times = []
+            for _ in range(repeats):
+                op = _collective(kind, nbytes, world, device)
+                dist.barrier()
+                t0 = time.perf_counter()
+                interp.execute(op)
+                times.append(time.perf_counter() - t0)
+            rows.append({"kind": kind, "bytes": int(nbytes), "times_s": times, "workload": workload})
+    return rows
+
+
+def merge_ranks(per_rank: list[list[dict]]) -> list[dict]:
+    """Combine every rank's rows: per repetition the minimum over ranks, then the mean."""
+    out = []
+    for rows in zip(*per_rank):
+        first = rows[0]
+        reps = [min(ts) for ts in zip(*(r["times_s"] for r in rows))]
+        out.append({"kind": first["kind"], "bytes": first["bytes"], "time_s": statistics.fmean(reps),
+                    "workload": first.get("workload", False)})
+    return out
+
+
+def measure_call_overhead(device, repeats: int = 200) -> float:
+    """Host time to issue an async all-reduce of one element (the call, not the transfer)."""
+    t = torch.ones(1, device=device)
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        work = dist.all_reduce(t, async_op=True)
+        samples.append(time.perf_counter() - t0)
+        work.wait()
+    return statistics.median(samples)
+
+
+def workload_sizes(learner) -> list[int]:
+    """Bytes of the learner's gradient buckets and of its flat parameters."""
+    item = torch.empty((), dtype=getattr(learner, "dtype", torch.float32)).element_size()
+    return sorted({int(b) * item for b in getattr(learner, "buckets", ())} | {int(learner.numel) * item})
+
+
+def measure_program_compute(scenario, learner, rank: int, world: int, device, steps: int,
+                            warmup: int = 2) -> dict:
+    """Run the scenario's own program for ``warmup + steps`` steps and total its Compute ops.
+
+    Returns per measured step (means): seconds in Compute ops, the FLOPs those ops
+    declared and their number, plus the spread (std/mean) of the per-step seconds.
+    Dividing declared FLOPs by measured seconds gives the rate at which the simulator
+    must charge *this program's* compute to reproduce it: ops the FLOP count misses
+    (optimizer steps, packing, a codec's elementwise passes) are folded in.
+    """
+    from oresearcher.programs import AgentContext, get_program
+
+    total = warmup + steps
+    short = scenario.model_copy(update={"training": scenario.training.model_copy(update={"steps": total})})
+    ctx = AgentContext(rank, world, short, mode="real", device=device)
+    per_step = []
+    interp = Interpreter(rank, world, device=device, timeline=Timeline(world, keep_spans=0), clock=time.perf_counter,
+                         backend=dist.get_backend(), on_step=lambda s, m, st: per_step.append(st))
+    dist.barrier()
+    interp.run(get_program(scenario.training.strategy)(ctx, learner))
+    interp.close()
+    kept = per_step[warmup:] or per_step
+    secs = [st["compute_s"] for st in kept]
+    mean = statistics.fmean(secs)
+    return {"step_s": mean, "cv": statistics.pstdev(secs) / mean if mean else 0.0,
+            "flops_per_step": statistics.fmean(st["compute_flops"] for st in kept),
+            "ops_per_step": statistics.fmean(st["compute_ops"] for st in kept)}
+
+
+def measure_host_overhead(rank: int, world: int, device, ops: int = 2000) -> float:
+    """Seconds the interpreter spends on a Compute op with nothing to run."""
+    interp = Interpreter(rank, world, device=device, timeline=Timeline(world, keep_spans=0), clock=time.perf_counter)
+    t0 = time.perf_counter()
+    for _ in range(ops):
+        interp.execute(O.Compute(flops=1.0))
+    return (time.perf_counter() - t0) / ops
+
+
+def calibrate_rank(scenario, denv, *, backend: str, timeout_s: float, sizes, repeats: int,
+                   compute_steps: int, learner_spec=None, threads: int = 1):
+    """Take every measurement on this rank; rank 0 returns the merged figures, others None."""
+    from .worker import build_learner, init_process_group
+
+    torch.set_num_threads(max(1, threads))
+    device, _store = init_process_group(denv, backend, timeout_s)
+    rank, world = denv.rank, denv.world_size
+    try:
+        learner = build_learner(scenario, rank, device, learner_spec)
+        rows = measure_collectives(world, sizes, repeats, device)
+        rows += measure_collectives(world, workload_sizes(learner), 3 * repeats, device, kinds=("AllReduce",),
+                                    workload=True)
+        call = measure_call_overhead(device)
+        compute = measure_program_compute(scenario, learner, rank, world, device, compute_steps)
+        host = measure_host_overhead(rank, world, device)
+        mine = {"rows": rows, "call_s": call, "compute": compute, "host_s": host}
+        every = [None] * world
+        dist.all_gather_object(every, mine)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    if rank != 0:
+        return None
+    return {
+        "world_size": world,
+        "backend": backend,
+        "collectives": merge_ranks([m["rows"] for m in every]),
+        "call_overhead_s": statistics.median(m["call_s"] for m in every),
+        "compute_step_s": max(m["compute"]["step_s"] for m in every),  # the group's pace
+        "compute_step_s_per_rank": [m["compute"]["step_s"] for m in every],
+        "compute_cv_per_rank": [m["compute"]["cv"] for m in every],
+        "flops_per_step": every[0]["compute"]["flops_per_step"],
+        "compute_ops_per_step": every[0]["compute"]["ops_per_step"],
+        "strategy": scenario.training.strategy,
+        "host_overhead_s": statistics.median(m["host_s"] for m in every),
+        "dtype": scenario.workload.dtype,
+    }

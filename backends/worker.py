@@ -1,0 +1,335 @@
+"""One rank of a real run: join the process group, build the agent, interpret its
+program, and (rank 0) write the report.
+
+The same program generator the simulator interprets runs here unchanged
+(:func:`oresearcher.programs.get_program`); the learner comes from the task registry
+(:func:`oresearcher.tasks.make_learner` with ``mode="real"``) or from a user factory.
+
+Resuming (``--resume``): ranks agree on the newest checkpoint every rank holds
+(:mod:`oresearcher.backends.checkpoint`), load their agent state and run the remaining
+steps. Programs see the resumed position through ``ctx.start_step`` when
+:class:`~oresearcher.programs.AgentContext` has that field; otherwise (programs written
+as ``for step in range(ctx.steps)``) they are given the remaining steps and their
+StepDone numbers are shifted, which is exact for programs whose only state between
+steps is the learner and whose period divides the checkpoint interval (ddp, local_sgd).
+"""
+from __future__ import annotations
+
+import gc
+import importlib
+import logging
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass, fields
+from datetime import timedelta
+from pathlib import Path
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from oresearcher.errors import UserError
+from oresearcher.programs import AgentContext, get_program
+from oresearcher.programs.learner import DTYPES
+from oresearcher.report import Span, Timeline, summarize, write_json
+from oresearcher.trace import write_trace
+
+from . import checkpoint as ckpt
+from .interpreter import Interpreter, make_clock
+from .launcher import EXIT_PEER_LOST, DistEnv, connect_store
+from .monitor import Monitor
+from .telemetry import Progress, TensorBoard, make_profiler
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RunOptions:
+    backend: str = "gloo"
+    out_dir: Path = Path("runs/scenario")
+    resume: bool = False
+    timeout_s: float = 120.0
+    heartbeat_s: float = 1.0
+    profile: bool = False
+    tensorboard: bool = True
+    progress: Optional[bool] = None  # None: when stderr is a terminal
+    learner: Optional[str] = None  # "module:function" building learners instead of the task registry
+    threads: int = 1
+    keep_checkpoints: int = 2
+
+
+def backend_unavailable(backend: str) -> Optional[str]:
+    """Why ``backend`` cannot run on this machine, or None when it can."""
+    if backend == "gloo":
+        return None if dist.is_available() and dist.is_gloo_available() else "this torch build has no gloo backend"
+    if backend == "nccl":
+        if not torch.cuda.is_available():
+            return f"--backend=nccl needs CUDA GPUs; this machine has none (torch {torch.__version__}); use --backend=gloo"
+        if not dist.is_nccl_available():
+            return f"--backend=nccl needs NCCL; this torch build ({torch.__version__}) has none; use --backend=gloo"
+        return None
+    return f"unknown backend {backend!r}; use gloo or nccl"
+
+
+def load_factory(spec: str):
+    """``"package.module:function"`` -> the function."""
+    module, _, name = spec.partition(":")
+    if not module or not name:
+        raise UserError(f"--learner {spec!r}: expected MODULE:FUNCTION")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as e:
+        raise UserError(f"--learner {spec!r}: {e}") from None
+
+
+def build_learner(scenario, rank: int, device, spec: Optional[str]):
+    if spec:
+        return load_factory(spec)(scenario, rank, mode="real", device=device)
+    from oresearcher.tasks import make_learner
+
+    return make_learner(scenario, rank, mode="real", device=device)
+
+
+def _device(backend: str, local_rank: int) -> torch.device:
+    if backend != "nccl":
+        return torch.device("cpu")
+    if local_rank >= torch.cuda.device_count():
+        raise UserError(f"LOCAL_RANK={local_rank} but this machine has {torch.cuda.device_count()} GPUs")
+    torch.cuda.set_device(local_rank)
+    return torch.device("cuda", local_rank)
+
+
+def _autocast(scenario, learner, device):
+    """Mixed precision on GPUs when the scenario asks for it and the learner kept fp32 weights."""
+    dtype = DTYPES[scenario.workload.dtype]
+    if device.type != "cuda" or dtype == torch.float32 or getattr(learner, "dtype", None) != torch.float32:
+        return None
+    return lambda: torch.autocast(device_type="cuda", dtype=dtype)
+
+
+def _context(scenario, rank, world, device, start: int, restored: dict):
+    """The program's context; for a resumed run, see the module docstring."""
+    names = {f.name for f in fields(AgentContext)}
+    offset = 0
+    if start and "start_step" not in names:
+        remaining = scenario.training.steps - start
+        training = scenario.training.model_copy(update={"steps": remaining})
+        scenario = scenario.model_copy(update={"training": training})
+        offset = start
+    ctx = AgentContext(rank, world, scenario, mode="real", device=device)
+    if "start_step" in names:
+        ctx.start_step = start
+    if "restored" in names:
+        ctx.restored = restored
+    return ctx, offset
+
+
+def program_states(ctx) -> dict:
+    """State objects the program registered in ``ctx.state`` (saved with the agent)."""
+    state = getattr(ctx, "state", None)
+    return state if isinstance(state, dict) else {}
+
+
+class _Stopper:
+    """Called when another rank is lost (from the monitor thread, or from the main thread
+    after a failed collective): log it and, unless the main thread has wound up within
+    ``grace_s`` (it may be computing, or stuck in a collective that only times out),
+    end the process."""
+
+    def __init__(self, grace_s: float, out_dir: Path):
+        self.grace_s, self.out_dir, self.finished = grace_s, out_dir, threading.Event()
+
+    def __call__(self, msg: str) -> None:
+        log.error("%s; stopping (resume with --resume %s)", msg, self.out_dir)
+        threading.Thread(target=self._deadline, name="stopper", daemon=True).start()
+
+    def _deadline(self) -> None:
+        if not self.finished.wait(self.grace_s):
+            logging.shutdown()
+            os._exit(EXIT_PEER_LOST)
+
+
+def is_comm_error(e: BaseException) -> bool:
+    """Does ``e`` look like a failed collective (a lost peer) rather than a bug?"""
+    if isinstance(e, getattr(dist, "DistError", ())):
+        return True
+    text = str(e).lower()
+    return any(w in text for w in ("gloo", "nccl", "connection", "timed out", "timeout", "peer", "socket"))
+
+
+def _resume_point(out_dir: Path, rank: int, world: int) -> tuple[int, dict]:
+    held = [None] * world
+    dist.all_gather_object(held, ckpt.steps_held(out_dir, rank))
+    step = ckpt.latest_common(held)
+    if step is None:
+        raise UserError(f"{out_dir}: no checkpoint that all {world} ranks completed; nothing to resume")
+    state = ckpt.load(ckpt.rank_file(out_dir, step, rank))
+    if state.get("world_size") != world:
+        raise UserError(f"{out_dir}: checkpoint of step {step} is from {state.get('world_size')} ranks, this run has {world}")
+    return step, state
+
+
+def init_process_group(denv: DistEnv, backend: str, timeout_s: float):
+    """Join the run's process group; returns (device, store)."""
+    device = _device(backend, denv.local_rank)
+    store = connect_store(denv, timeout_s)
+    dist.init_process_group(backend, store=dist.PrefixStore(denv.prefix + "pg", store), rank=denv.rank,
+                            world_size=denv.world_size, timeout=timedelta(seconds=timeout_s))
+    return device, store
+
+
+def run_rank(scenario, opts: RunOptions, denv: DistEnv) -> int:
+    """Run this rank to the end; returns its exit code."""
+    rank, world = denv.rank, denv.world_size
+    torch.set_num_threads(max(1, opts.threads))
+    device, store = init_process_group(denv, opts.backend, opts.timeout_s)
+    stopper = _Stopper(min(opts.timeout_s, 5.0), opts.out_dir)
+    log.debug("process group ready (%s, %d ranks)", opts.backend, world)
+    monitor = Monitor(store, rank, world, timeout_s=opts.timeout_s, interval_s=opts.heartbeat_s,
+                      prefix=denv.prefix, on_lost=stopper, store_owner=denv.store_owner).start()
+    try:
+        return _train(scenario, opts, rank, world, device, store, denv.prefix, monitor)
+    except RuntimeError as e:
+        msg = monitor.identify(wait_s=min(opts.timeout_s, 10.0)) if is_comm_error(e) else None
+        if msg is None:
+            raise
+        log.debug("collective failed: %s", e)
+        return EXIT_PEER_LOST
+    finally:
+        stopper.finished.set()
+        monitor.stop(done=True)
+        if monitor.lost is None:
+            dist.destroy_process_group()
+        log.debug("process group destroyed")
+
+
+def finish_rank(code: int) -> None:
+    """End a rank process now that everything is written.
+
+    ``os._exit`` skips the C++ static destructors: with torch 2.13's gloo we saw a rank
+    that had finished cleanly (process group destroyed, files closed) occasionally abort
+    at interpreter exit ("terminate called without an active exception", SIGABRT),
+    which the launcher would report as a lost rank.
+    """
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _train(scenario, opts: RunOptions, rank, world, device, store, prefix, monitor) -> int:
+    out = Path(opts.out_dir)
+    learner = build_learner(scenario, rank, device, opts.learner)
+    log.debug("learner built: %d parameters", getattr(learner, "numel", 0))
+    start, saved = 0, {}
+    if opts.resume:
+        step, saved = _resume_point(out, rank, world)
+        start = step + 1
+        log.info("resuming after step %d from %s", step, ckpt.step_dir(out, step))
+    ctx, offset = _context(scenario, rank, world, device, start, saved.get("states", {}))
+    program = get_program(scenario.training.strategy)(ctx, learner)
+    if saved:
+        ckpt.restore_agent(saved, learner, program_states(ctx))
+
+    total = scenario.training.steps
+    saver = ckpt.Checkpointer(out, rank, world, scenario.training.checkpoint_every, total,
+                              keep=opts.keep_checkpoints, store=store, prefix=prefix)
+    tb = TensorBoard(out, rank) if opts.tensorboard else None
+    bar = Progress(total, start, opts.progress) if rank == 0 else None
+    prof = make_profiler(out, rank, device) if opts.profile else None
+
+    def on_step(step, metrics, stats):
+        for hook in (tb, bar):
+            if hook is not None:
+                hook.on_step(step, metrics, stats)
+        if prof is not None:
+            prof.step()
+        if saver.due(step):
+            saver.save(step, learner, program_states(ctx))
+
+    tl = Timeline(world, keep_spans=max(1000, 200_000 // world))  # rank 0 merges them all
+    dist.barrier()  # a common start: every rank's clock reads 0 here (within the barrier's skew)
+    clock = make_clock()
+    interp = Interpreter(rank, world, device=device, timeline=tl, clock=clock, backend=opts.backend,
+                         on_step=on_step, step_offset=offset, autocast=_autocast(scenario, learner, device),
+                         record_functions=opts.profile)
+    wall0 = time.perf_counter()
+    if prof is not None:
+        prof.start()
+    try:
+        interp.run(program)
+    finally:
+        interp.close()
+        if prof is not None:
+            prof.stop()
+        for hook in (tb, bar):
+            if hook is not None:
+                hook.close()
+    wall = time.perf_counter() - wall0
+    del program, interp
+    gc.collect()  # free tensors shared with gloo's threads now, not during interpreter shutdown
+    merged = gather_timeline(tl, rank, world)
+    if rank == 0:
+        _write_report(merged, scenario, opts, start, wall, device)
+    dist.barrier()  # nobody tears down while rank 0 is still writing
+    return 0
+
+
+def gather_timeline(tl: Timeline, rank: int, world: int) -> Optional[Timeline]:
+    """Every rank's totals, step ends, metrics and kept spans, merged on rank 0 (None elsewhere)."""
+    mine = {
+        "totals": dict(tl.totals[rank]), "wire": tl.wire[rank], "t0": tl.t0,
+        "collectives": {k: list(v) for k, v in tl.collectives.items()},
+        "spans": [(s.cat, s.name, s.start, s.end, s.wire_bytes) for s in tl.spans],
+        "step_ends": list(tl.step_ends[rank]), "metrics": list(tl.metrics[rank]),
+    }
+    parts = [None] * world if rank == 0 else None
+    dist.gather_object(mine, parts, dst=0)
+    if rank != 0:
+        return None
+    merged = Timeline(world, keep_spans=tl.keep_spans)
+    for r, part in enumerate(parts):
+        merged.totals[r].update(part["totals"])
+        merged.wire[r] = part["wire"]
+        for name, (count, secs, nbytes) in part["collectives"].items():
+            c = merged.collectives[name]
+            c[0], c[1], c[2] = c[0] + count, c[1] + secs, c[2] + nbytes
+        if part["t0"] is not None and (merged.t0 is None or part["t0"] < merged.t0):
+            merged.t0 = part["t0"]
+        room = merged.keep_spans - len(merged.spans)
+        merged.spans.extend(Span(r, c, n, a, b, w) for c, n, a, b, w in part["spans"][:max(room, 0)])
+        merged.step_ends[r] = part["step_ends"]
+        merged.metrics[r] = part["metrics"]
+    return merged
+
+
+def final_metrics(tl: Timeline) -> dict:
+    """Mean over ranks of each numeric metric at its last recorded step."""
+    last: dict[str, list] = {}
+    for r in range(tl.world_size):
+        seen = {}
+        for _step, _t, m in tl.metrics[r]:
+            seen.update({k: v for k, v in m.items() if isinstance(v, (int, float)) and not isinstance(v, bool)})
+        for k, v in seen.items():
+            last.setdefault(k, []).append(float(v))
+    return {k: sum(v) / len(v) for k, v in sorted(last.items())}
+
+
+def _write_report(tl: Timeline, scenario, opts: RunOptions, start: int, wall: float, device) -> None:
+    extra = {
+        "strategy": scenario.training.strategy,
+        "final_metrics": final_metrics(tl),
+        "start_step": start,
+        "wall_time_s": wall,
+        "device": str(device) if device.type == "cpu" else torch.cuda.get_device_name(device),
+        "torch_version": torch.__version__,
+    }
+    report = summarize(tl, scenario.resolved(), backend=opts.backend, extra=extra)
+    path = Path(opts.out_dir) / "report.json"
+    write_json(path, report)
+    write_trace(tl, Path(opts.out_dir) / "trace.json", f"{scenario.name} ({opts.backend})")
+    log.info("step %.4g s (compute %.4g s, exposed comm %.4g s, overhead %.1f%%), %d steps; report: %s",
+             report["step_time_s"], report["compute_time_s"], report["exposed_comm_time_s"],
+             100 * report["comm_overhead"], report["steps"], path)

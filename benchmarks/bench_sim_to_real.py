@@ -1,0 +1,179 @@
+"""Sim-to-real: the simulator's prediction, with profiles calibrated on this machine,
+beside real gloo runs of the same scenarios.
+
+    OMP_NUM_THREADS=1 python benchmarks/bench_sim_to_real.py              # about 4 minutes
+    OMP_NUM_THREADS=1 python benchmarks/bench_sim_to_real.py --repeats 1 --markdown
+
+For each configuration and repeat it runs ``python -m oresearcher.calibrate``
+(collective sweep + the workload's step with all ranks busy) into a profile, right
+away a real run (``python -m oresearcher.run --backend=gloo``), and the simulator
+(``oresearcher.sim.simulate.simulate``) on the identical scenario pointed at that
+profile. Calibrating next to each run keeps both under the same load from whatever
+else the machine is doing. Configurations (gpt-tiny, ~0.8M parameters, on the synthetic
+token stream):
+
+1. ddp: all-reduce of the gradients every step;
+2. local_sgd: averaging the parameters every 10 steps;
+3. oresearcher with an int8 codec: every step the agents exchange int8-compressed
+   gradients by all-gather (one fusion round at the end).
+
+It prints predicted and measured step time and communication overhead with the
+relative error of each (target: within 15 %), comparing the median prediction with the
+median measurement over ``--repeats`` (the machine is shared; medians resist a
+neighbour's burst). "run spread" is (max - min) / median of the repeated real runs: the
+machine's own noise, the floor under any prediction error. The load average before and
+after is printed with the table.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+
+BASE = {
+    "name": "sim2real",
+    "seed": 0,
+    "cluster": {"nodes": 1, "gpus_per_node": 4, "device": "cpu-local", "intra_node": "loopback"},
+    "workload": {"task": "synthetic-lm", "model": "gpt-tiny", "global_batch": 8, "seq_len": 64,
+                 "dtype": "fp32", "optimizer": "adamw"},
+    "agents": {"count": 2},
+    "communication": {"bucket_size_MB": 25, "overlap": False, "algorithm": "ring"},
+    "training": {"strategy": "ddp", "steps": 40, "lr": 0.001, "local_steps": 10},
+}
+
+CONFIGS = [
+    ("all-reduce every step (ddp)", 2, {"training": {"strategy": "ddp"}}),
+    ("periodic averaging every 10 steps (local_sgd)", 2, {"training": {"strategy": "local_sgd", "steps": 60}}),
+    ("int8 codec, all-gather exchange (oresearcher)", 2, {
+        "training": {"strategy": "oresearcher"},
+        "communication": {"codec": "int8", "gradient_sharing": True, "share_every": 1, "interval": 40},
+        "cooperation": {"roles": {"policy": "plain"}, "allocation": {"enabled": False}},
+    }),
+]
+
+
+def scenario_dict(n: int, extra: dict, global_batch_per_agent: int = 4) -> dict:
+    data = copy.deepcopy(BASE)
+    data["agents"]["count"] = n
+    data["workload"]["global_batch"] = global_batch_per_agent * n  # the same work per agent at any n
+    for section, fields in extra.items():
+        data.setdefault(section, {}).update(copy.deepcopy(fields))
+    return data
+
+
+def sh(cmd: list, what: str) -> None:
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    p = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
+    if p.returncode != 0:
+        sys.exit(f"{what} failed (exit {p.returncode}):\n{p.stderr[-3000:]}")
+
+
+def calibrate(path: Path, profile: Path) -> None:
+    sh([sys.executable, "-m", "oresearcher.calibrate", "--backend=gloo", "--scenario", str(path), "--out", str(profile)],
+       f"calibration with {path}")
+
+
+def measure(path: Path, out: Path) -> dict:
+    sh([sys.executable, "-m", "oresearcher.run", "--backend=gloo", "--scenario", str(path), "--out", str(out),
+        "--no-tensorboard", "--no-progress"], f"real run of {path}")
+    return json.loads((out / "report.json").read_text())
+
+
+def predict(path: Path, profile: Path) -> dict:
+    from oresearcher.scenario import load_scenario
+    from oresearcher.sim.simulate import simulate
+
+    scenario = load_scenario(path, [f"cluster.profile_files=[{profile}]", "cluster.device=cpu-calibrated",
+                                    "cluster.intra_node=gloo-calibrated"])
+    report, _ = simulate(scenario)
+    return report
+
+
+def median_report(reports: list[dict]) -> dict:
+    keys = ("step_time_s", "compute_time_s", "comm_time_s", "exposed_comm_time_s", "comm_overhead", "wire_bytes_per_step")
+    return {k: statistics.median(r[k] for r in reports) for k in keys}
+
+
+def spread(xs: list) -> float:
+    """(max - min) / median of repeated measurements: the machine's own noise."""
+    return (max(xs) - min(xs)) / statistics.median(xs) if len(xs) > 1 and statistics.median(xs) else 0.0
+
+
+def err(pred: float, meas: float) -> float:
+    return (pred - meas) / meas if meas else float("nan")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--repeats", type=int, default=3, help="calibrate+run pairs per configuration (medians)")
+    ap.add_argument("--markdown", action="store_true", help="also print the table as markdown")
+    ap.add_argument("--only", type=int, nargs="*", help="configuration numbers to run (1-based)")
+    ap.add_argument("--keep", help="keep scenarios, profiles and runs in this directory")
+    args = ap.parse_args(argv)
+    work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="sim2real-"))
+    work.mkdir(parents=True, exist_ok=True)
+    chosen = [(i, c) for i, c in enumerate(CONFIGS, 1) if not args.only or i in args.only]
+    rows = []
+    t0 = time.perf_counter()
+    load_before = os.getloadavg()[0]
+    for i, (label, n, extra) in chosen:
+        path = work / f"config{i}.yaml"
+        path.write_text(yaml.safe_dump(scenario_dict(n, extra), sort_keys=False))
+        preds, meass = [], []
+        for k in range(args.repeats):
+            profile = work / f"profile{i}-{k}.yaml"
+            calibrate(path, profile)
+            meass.append(measure(path, work / f"run{i}-{k}"))
+            preds.append(predict(path, profile))
+        pred, meas = median_report(preds), median_report(meass)
+        rows.append({"config": label, "ranks": n, "pred": pred, "meas": meas,
+                     "step_spread": spread([m["step_time_s"] for m in meass]),
+                     "overhead_spread": spread([m["comm_overhead"] for m in meass]),
+                     "step_err": err(pred["step_time_s"], meas["step_time_s"]),
+                     "overhead_err": err(pred["comm_overhead"], meas["comm_overhead"])})
+        print(f"[{time.perf_counter() - t0:5.0f} s] {label}: step {1e3 * pred['step_time_s']:.1f} vs "
+              f"{1e3 * meas['step_time_s']:.1f} ms, overhead {pred['comm_overhead']:.1%} vs {meas['comm_overhead']:.1%}",
+              flush=True)
+    print_table(rows, args.markdown)
+    print(f"load average (1 min) before {load_before:.2f}, after {os.getloadavg()[0]:.2f}; "
+          f"{os.cpu_count()} cores; {args.repeats} repeat(s), medians")
+    (work / "sim_to_real.json").write_text(json.dumps(rows, indent=1, default=float))
+    print(f"scenarios, profiles, runs and sim_to_real.json in {work}")
+    return 0 if all(abs(r["step_err"]) <= 0.15 and abs(r["overhead_err"]) <= 0.15 for r in rows) else 1
+
+
+def print_table(rows, markdown: bool) -> None:
+    head = ("configuration", "ranks", "step predicted", "step measured", "error", "run spread",
+            "overhead predicted", "overhead measured", "error", "run spread")
+    lines = []
+    for r in rows:
+        p, m = r["pred"], r["meas"]
+        lines.append((r["config"], str(r["ranks"]), f"{1e3 * p['step_time_s']:.1f} ms", f"{1e3 * m['step_time_s']:.1f} ms",
+                      f"{r['step_err']:+.1%}", f"{r['step_spread']:.0%}", f"{p['comm_overhead']:.1%}",
+                      f"{m['comm_overhead']:.1%}", f"{r['overhead_err']:+.1%}", f"{r['overhead_spread']:.0%}"))
+    widths = [max(len(h), *(len(l[i]) for l in lines)) for i, h in enumerate(head)]
+    print()
+    print("  ".join(h.ljust(w) for h, w in zip(head, widths)))
+    for l in lines:
+        print("  ".join(c.ljust(w) for c, w in zip(l, widths)))
+    if markdown:
+        print()
+        print("| " + " | ".join(head) + " |")
+        print("|" + "|".join("---" for _ in head) + "|")
+        for l in lines:
+            print("| " + " | ".join(l) + " |")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

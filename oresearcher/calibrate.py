@@ -1,0 +1,275 @@
+"""Measure this machine and write a hardware profile the simulator loads.
+
+    python -m oresearcher.calibrate --backend=gloo --out profile.yaml
+    python -m oresearcher.calibrate --backend=gloo --scenario scenarios/local-gloo.yaml --num_agents=4 \\
+        --out profiles/gloo-4.yaml
+
+It starts the scenario's ranks (or joins torchrun's), times collectives over a size
+sweep and a few steps of the scenario's own program with all ranks busy at once, and
+writes two profiles (YAML documents): a ``device`` (achieved FLOP/s per rank, host
+overhead per op) and a ``fabric`` (latencies and bandwidth). Use them from a scenario
+with::
+
+    cluster:
+      profile_files: [profile.yaml]
+      device: cpu-calibrated
+      intra_node: gloo-calibrated
+
+The fabric parameters are a least-squares fit of the simulator's ring cost model
+(Thakur, Rabenseifner & Gropp 2005) to the measured times, on relative errors::
+
+    t(kind, S, n) = call + base + hops(kind, n) * hop + bytes(kind, n) * S / bandwidth
+    all-reduce: hops 2(n-1), bytes 2(n-1)/n;  all-gather (S = gathered total): n-1, (n-1)/n
+
+Measuring two kinds with different hop counts separates the per-collective and per-hop
+latencies at a single world size. Besides the sweep, the all-reduce is timed at the
+workload's own sizes (its gradient buckets, its flat parameters), so the fit is anchored
+where the scenario communicates.
+
+The device rate is the FLOPs the program's Compute ops declare divided by the time
+they took: work the FLOP counts miss (optimizer steps, packing, a codec's elementwise
+passes) is folded into the rate, so the profile fits the strategy it was measured
+with. Calibrate with the scenario (strategy, codec, world size) you will predict. Calibrate at the world size you will run: ranks that
+share cores are slower, and the profile records that.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import platform
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from .errors import UserError, cli_main
+from .scenario import load_raw, load_scenario
+
+log = logging.getLogger("oresearcher.calibrate")
+
+GB = 10**9
+US = 1e-6
+MAX_BANDWIDTH_GBps = 1e4  # when the fit finds no bandwidth term at all
+
+
+def ring_terms(kind: str, n: int) -> tuple[float, float]:
+    """(algorithm steps, bytes sent per byte of S) of the ring algorithm for ``kind``."""
+    if n <= 1:
+        return 0.0, 0.0
+    if kind == "AllReduce":
+        return 2.0 * (n - 1), 2.0 * (n - 1) / n
+    if kind in ("AllGather", "ReduceScatter", "Broadcast", "AllToAll"):
+        return float(n - 1), (n - 1) / n
+    raise ValueError(f"no ring model for {kind}")
+
+
+@dataclass
+class FabricFit:
+    call_overhead_s: float
+    base_latency_s: float
+    hop_latency_s: float
+    bandwidth_Bps: float
+
+    def predict(self, kind: str, nbytes: float, n: int) -> float:
+        hops, factor = ring_terms(kind, n)
+        return self.call_overhead_s + self.base_latency_s + hops * self.hop_latency_s + factor * nbytes / self.bandwidth_Bps
+
+
+WORKLOAD_WEIGHT = 5.0  # rows timed at the scenario's own sizes count this many times
+
+
+def fit_fabric(rows, n: int, call_overhead_s: float = 0.0) -> FabricFit:
+    """Fit the ring model to rows {kind, bytes, time_s[, workload]} measured on ``n`` ranks.
+
+    Least squares on relative errors, every parameter kept >= 0; rows measured at the
+    workload's own sizes weigh ``WORKLOAD_WEIGHT`` times more, so the line passes
+    closest where the scenario communicates. ``call_overhead_s`` (measured separately)
+    is split off the fitted constant.
+    """
+    from scipy.optimize import lsq_linear
+
+    if not rows:
+        raise ValueError("no measurements to fit")
+    terms = np.array([ring_terms(r["kind"], n) for r in rows])  # [rows, 2]: hops, bytes factor
+    nbytes = np.array([float(r["bytes"]) for r in rows])
+    t = np.array([max(float(r["time_s"]), 1e-9) for r in rows])
+    w = np.array([WORKLOAD_WEIGHT if r.get("workload") else 1.0 for r in rows]) / t
+    hops = terms[:, 0] if len(set(terms[:, 0])) > 1 else np.zeros(len(rows))  # one hop count: cannot split
+    # unknowns in us, us and ns/byte keep the columns on comparable scales
+    A = np.stack([np.ones(len(rows)) * US, hops * US, terms[:, 1] * nbytes * 1e-9], axis=1) * w[:, None]
+    x = lsq_linear(A, t * w, bounds=(0.0, np.inf)).x
+    const, hop, ns_per_byte = float(x[0]) * US, float(x[1]) * US, float(x[2])
+    call = min(call_overhead_s, const)
+    bandwidth = 1e9 / ns_per_byte if ns_per_byte > 0 else MAX_BANDWIDTH_GBps * GB
+    return FabricFit(call, const - call, hop, min(bandwidth, MAX_BANDWIDTH_GBps * GB))
+
+
+def fit_errors(rows, n: int, fit: FabricFit) -> list[dict]:
+    """Each row with the fitted prediction and its relative error."""
+    out = []
+    for r in rows:
+        p = fit.predict(r["kind"], r["bytes"], n)
+        out.append({**r, "predicted_s": p, "error": (p - r["time_s"]) / r["time_s"]})
+    return out
+
+
+def compute_rate(m: dict) -> float:
+    """FLOP/s at which the simulator reproduces the measured compute of the program.
+
+    The simulator charges each Compute op ``flops / rate + host overhead``; the measured
+    seconds already hold the host overhead, so it is taken off before dividing.
+    """
+    if m["flops_per_step"] <= 0:
+        raise UserError(f"the {m.get('strategy', '?')} program's Compute ops declare no FLOPs; nothing to calibrate")
+    host = m.get("compute_ops_per_step", 0.0) * m["host_overhead_s"]
+    return m["flops_per_step"] / max(m["compute_step_s"] - host, 1e-9)
+
+
+def device_doc(name: str, m: dict, memory_bytes: float) -> dict:
+    """The device profile: achieved FLOP/s per rank with every rank computing at once."""
+    rate = compute_rate(m)
+    return {
+        "kind": "device",
+        "name": name,
+        # measured at the scenario's dtype; a CPU runs the others no faster
+        "peak_flops": {"fp32": rate, "bf16": rate, "fp16": rate},
+        "efficiency": 1.0,  # the measured rate is already the achieved rate
+        "memory_bytes": float(memory_bytes),
+        "host_overhead_us": m["host_overhead_s"] / US,
+    }
+
+
+def fabric_doc(name: str, fit: FabricFit) -> dict:
+    return {
+        "kind": "fabric",
+        "name": name,
+        "topology": "switch",  # every rank of the host hangs off the loopback "switch"
+        "bandwidth_GBps": fit.bandwidth_Bps / GB,
+        "efficiency": 1.0,
+        "base_latency_us": fit.base_latency_s / US,
+        "hop_latency_us": fit.hop_latency_s / US,
+        "call_overhead_us": fit.call_overhead_s / US,
+    }
+
+
+def profile_text(device: dict, fabric: dict, m: dict, errors: list[dict]) -> str:
+    lines = [
+        f"# Calibrated by `python -m oresearcher.calibrate` on {platform.node()} ({os.cpu_count()} cores),",
+        f"# {m['backend']} with {m['world_size']} ranks, {time.strftime('%Y-%m-%d %H:%M')}.",
+        f"# compute: the {m.get('strategy', '?')} program declares {m['flops_per_step']:.4g} FLOP per step in "
+        f"{m.get('compute_ops_per_step', 0):.0f} Compute ops, measured {m['compute_step_s'] * 1e3:.3f} ms on the "
+        f"slowest rank (all ranks at once, {m['dtype']}; per rank: "
+        + ", ".join(f"{1e3 * t:.3f}" for t in m.get("compute_step_s_per_rank", [])) + " ms; "
+        + "step time spread (std/mean) per rank: "
+        + ", ".join(f"{c:.2f}" for c in m.get("compute_cv_per_rank", [])) + ").",
+        "# collective fit (ring model): kind, bytes, measured us, fitted us, error (* the workload's sizes)",
+    ]
+    for e in errors:
+        kind = e["kind"] + ("*" if e.get("workload") else "")
+        lines.append(f"#   {kind:<10} {e['bytes']:>10} {e['time_s'] / US:>11.1f} {e['predicted_s'] / US:>11.1f} "
+                     f"{e['error']:+7.1%}")
+    body = yaml.safe_dump_all([device, fabric], sort_keys=False, explicit_start=False)
+    return "\n".join(lines) + "\n" + body
+
+
+def default_sizes(max_bytes: int) -> list[int]:
+    sizes, s = [], 1024
+    while s <= max_bytes:
+        sizes.append(s)
+        s *= 4
+    return sizes
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m oresearcher.calibrate", description=__doc__.split("\n")[0])
+    p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
+    p.add_argument("--scenario", default="scenarios/local-gloo.yaml", help="the workload to measure")
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE")
+    p.add_argument("--num_agents", type=int, help="ranks to measure with (default: the scenario's agents.count)")
+    p.add_argument("--out", default="profile.yaml", help="profile YAML to write")
+    p.add_argument("--device-name", default="cpu-calibrated")
+    p.add_argument("--fabric-name", default="gloo-calibrated")
+    p.add_argument("--max-bytes", type=float, default=16e6, help="largest collective in the sweep, bytes")
+    p.add_argument("--repeats", type=int, default=7, help="repetitions per collective size")
+    p.add_argument("--compute-steps", type=int, default=30, help="timed training steps")
+    p.add_argument("--timeout", type=float, default=120.0)
+    p.add_argument("--learner", metavar="MODULE:FN", help="build learners with FN instead of the task registry")
+    return p
+
+
+def _scenario(args):
+    overrides = list(args.set)
+    if args.num_agents:
+        overrides.append(f"agents.count={args.num_agents}")
+        cluster = load_raw(args.scenario).get("cluster") or {}
+        if cluster.get("nodes", 1) == 1 and args.num_agents > cluster.get("gpus_per_node", 8):
+            overrides.append(f"cluster.gpus_per_node={args.num_agents}")
+    return load_scenario(args.scenario, overrides)
+
+
+def write_profile(path: Path, m: dict, device_name: str, fabric_name: str) -> FabricFit:
+    n = m["world_size"]
+    fit = fit_fabric(m["collectives"], n, m["call_overhead_s"])
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / n
+    errors = fit_errors(m["collectives"], n, fit)
+    text = profile_text(device_doc(device_name, m, memory), fabric_doc(fabric_name, fit), m, errors)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+    return fit
+
+
+def main(argv=None) -> int:
+    from oresearcher.backends import launcher
+    from oresearcher.backends.worker import backend_unavailable
+
+    args = build_parser().parse_args(argv)
+    denv = launcher.from_environ()
+    logging.basicConfig(level="INFO" if denv is None or denv.rank == 0 else "WARNING",
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    scenario = _scenario(args)
+    reason = backend_unavailable(args.backend)
+    if reason:
+        raise UserError(reason)
+    sizes = default_sizes(int(args.max_bytes))
+    if denv is None:
+        return _launch(args, argv, scenario.world_size)
+    from oresearcher.backends.calibration import calibrate_rank
+
+    m = calibrate_rank(scenario, denv, backend=args.backend, timeout_s=args.timeout, sizes=sizes,
+                       repeats=args.repeats, compute_steps=args.compute_steps, learner_spec=args.learner,
+                       threads=int(os.environ.get("OMP_NUM_THREADS", "1") or 1))
+    if m is not None:
+        fit = write_profile(Path(args.out), m, args.device_name, args.fabric_name)
+        log.info("wrote %s: %.3g GFLOP/s per rank; %.2f GB/s, base %.0f us, hop %.0f us, call %.0f us",
+                 args.out, compute_rate(m) / 1e9, fit.bandwidth_Bps / GB,
+                 fit.base_latency_s / US, fit.hop_latency_s / US, fit.call_overhead_s / US)
+    return 0
+
+
+def _launch(args, argv, world: int) -> int:
+    from oresearcher.backends import launcher
+
+    cmd = [sys.executable, "-m", "oresearcher.calibrate", *(sys.argv[1:] if argv is None else argv)]
+    log.info("measuring with %d local %s ranks", world, args.backend)
+    result = launcher.launch_local(cmd, world, timeout_s=args.timeout)
+    if not result.ok:
+        if all(c == 2 for c in result.exit_codes):
+            return 2
+        print(f"error: calibration failed: {result.failure or 'a rank failed'}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    code = cli_main(main)
+    if os.environ.get("RANK") is not None:  # a rank process: leave without C++ teardown
+        from oresearcher.backends.worker import finish_rank
+
+        finish_rank(code)
+    sys.exit(code)

@@ -1,0 +1,105 @@
+"""Put the simulator's prediction beside a real run's measurement, figure by figure.
+
+    python -m oresearcher.compare runs/local-gloo/report.json runs/local-gloo/gloo/report.json
+    python -m oresearcher.compare runs/local-gloo runs/local-gloo/gloo --max-error 0.15
+
+Each argument is a report.json or a directory holding one. The error of a figure is
+``(predicted - measured) / measured``. With ``--max-error``, the exit code is 1 when a
+headline figure (step time, communication overhead) is off by more than that fraction.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from .errors import UserError, cli_main
+
+FIGURES = (
+    ("step_time_s", "step time", "s"),
+    ("compute_time_s", "compute time", "s"),
+    ("comm_time_s", "communication in flight", "s"),
+    ("exposed_comm_time_s", "exposed communication", "s"),
+    ("comm_overhead", "communication overhead", "%"),
+    ("wire_bytes_per_step", "bytes on the wire per rank", "B"),
+)
+HEADLINE = ("step_time_s", "comm_overhead")
+
+
+def read_report(path: str | Path) -> dict:
+    p = Path(path)
+    if p.is_dir():
+        p = p / "report.json"
+    if not p.is_file():
+        raise UserError(f"{path}: no report.json there")
+    try:
+        report = json.loads(p.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"{p}: not a JSON report ({e})") from None
+    missing = [k for k, _, _ in FIGURES if k not in report]
+    if missing:
+        raise UserError(f"{p}: not a report: missing {', '.join(missing)}")
+    return report
+
+
+def relative_error(predicted: float, measured: float):
+    """(predicted - measured) / measured; None when nothing was measured."""
+    if predicted is None or measured is None or measured == 0:
+        return None
+    return (predicted - measured) / measured
+
+
+def compare(predicted: dict, measured: dict) -> list[dict]:
+    """One row per figure: key, label, predicted, measured, error."""
+    return [{"key": k, "label": label, "unit": unit, "predicted": predicted.get(k), "measured": measured.get(k),
+             "error": relative_error(predicted.get(k), measured.get(k))} for k, label, unit in FIGURES]
+
+
+def fmt(value, unit: str) -> str:
+    if value is None:
+        return "-"
+    if unit == "%":
+        return f"{100 * value:.2f}%"
+    if unit == "s":
+        return f"{1e3 * value:.3f} ms"
+    return f"{value / 1e6:.3f} MB"
+
+
+def worst_headline(rows: list[dict]) -> float:
+    errs = [abs(r["error"]) for r in rows if r["key"] in HEADLINE and r["error"] is not None]
+    return max(errs, default=0.0)
+
+
+def print_table(rows: list[dict], title: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=title, header_style="bold")
+    for col in ("per step (mean over ranks)", "predicted", "measured", "error"):
+        t.add_column(col, justify="right" if col != "per step (mean over ranks)" else "left")
+    for r in rows:
+        err = "-" if r["error"] is None else f"{r['error']:+.1%}"
+        t.add_row(r["label"], fmt(r["predicted"], r["unit"]), fmt(r["measured"], r["unit"]), err)
+    Console().print(t)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m oresearcher.compare", description=__doc__.split("\n")[0])
+    p.add_argument("predicted", help="the simulator's report.json (or its directory)")
+    p.add_argument("measured", help="the real run's report.json (or its directory)")
+    p.add_argument("--max-error", type=float, help="exit 1 if step time or overhead is off by more (a fraction)")
+    args = p.parse_args(argv)
+    pred, meas = read_report(args.predicted), read_report(args.measured)
+    rows = compare(pred, meas)
+    name = (meas.get("scenario") or {}).get("name", "")
+    print_table(rows, f"{name}: {pred.get('backend', '?')} prediction vs {meas.get('backend', '?')} "
+                      f"measurement, {meas.get('world_size', '?')} ranks")
+    if args.max_error is not None and worst_headline(rows) > args.max_error:
+        print(f"error: a headline figure is off by {worst_headline(rows):.1%} (> {args.max_error:.0%})", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli_main(main))
