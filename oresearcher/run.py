@@ -21,6 +21,7 @@ the scenario's fields; ``--set path.to.field=value`` reaches any other field.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -28,6 +29,7 @@ from pathlib import Path
 
 import yaml
 
+from .console import print_report
 from .errors import UserError, cli_main
 from .scenario import load_raw, load_scenario
 
@@ -159,6 +161,10 @@ def _outcome(result, out: Path, world: int) -> int:
     from oresearcher.backends import checkpoint
 
     if result.ok:
+        report = json.loads((out / "report.json").read_text())
+        print_report(report, f"{report['scenario']['name']}: {report['scenario']['training']['strategy']}, "
+                             f"{report['world_size']} ranks on {report['backend']}, {report['steps']} steps",
+                     column="measured")
         log.info("done; report: %s", out / "report.json")
         return 0
     if all(c == 2 for c in result.exit_codes):

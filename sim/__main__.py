@@ -16,60 +16,19 @@ import sys
 import time
 from pathlib import Path
 
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 from rich.table import Table
 
 from oresearcher import plots
+from oresearcher.console import console, fmt_bytes, fmt_ms, print_report
 from oresearcher.errors import UserError, cli_main
 from oresearcher.report import write_json
 from oresearcher.scenario import load_scenario, parse_override
 from oresearcher.trace import write_trace
 
 from .bench import OPS, collective_bench
-from .hardware import GB
 from .simulate import build_cluster, simulate
 
-console = Console(stderr=False)
-
-
-def _ms(x):
-    return f"{x * 1e3:,.3f} ms"
-
-
-def _bytes(x):
-    return f"{x / GB:,.3f} GB" if x >= 1e7 else f"{x / 1e6:,.3f} MB"
-
-
-def print_report(report: dict, title: str) -> None:
-    t = Table(title=title, show_header=True, header_style="bold")
-    t.add_column("per step (mean over ranks)")
-    t.add_column("predicted", justify="right")
-    t.add_row("step time", _ms(report["step_time_s"]))
-    t.add_row("compute time", _ms(report["compute_time_s"]))
-    t.add_row("communication time (in flight)", _ms(report["comm_time_s"]))
-    t.add_row("  of which waiting for slower peers", _ms(report["peer_wait_time_s"]))
-    t.add_row("exposed communication time", _ms(report["exposed_comm_time_s"]))
-    t.add_row("communication overhead (exposed / step)", f"{report['comm_overhead']:.2%}")
-    t.add_row("bytes on the wire per rank", _bytes(report["wire_bytes_per_step"]))
-    console.print(t)
-    steps, ws = max(report["steps"], 1), max(report["world_size"], 1)
-    if report["breakdown"]:
-        b = Table(title="per collective", header_style="bold")
-        for col in ("collective", "calls/step/rank", "in flight/step/rank", "wire/step/rank"):
-            b.add_column(col, justify="right" if col != "collective" else "left")
-        for row in report["breakdown"]:
-            b.add_row(row["name"], f"{row['count'] / steps / ws:.3g}", _ms(row["time_s"] / steps / ws),
-                      _bytes(row["wire_bytes"] / steps / ws))
-        console.print(b)
-    mem = report.get("memory")
-    if mem:
-        verdict = "[green]fits[/green]" if mem["fits"] else "[red]does NOT fit[/red]"
-        console.print(f"memory per GPU: {_bytes(mem['total'])} ({verdict}; weights {_bytes(mem['weights'])}, "
-                      f"grads {_bytes(mem['grads'])}, optimizer {_bytes(mem['optimizer_state'])}, "
-                      f"activations {_bytes(mem['activations'])}, codec {_bytes(mem['codec_buffers'])})")
-        if mem.get("advice"):
-            console.print(f"  advice: {mem['advice']}")
 
 
 class _LazyProgress:
@@ -136,8 +95,8 @@ def cmd_sweep(args) -> int:
     for col in (keys[-1], "step time", "compute", "comm in flight", "exposed comm", "overhead", "wire/rank"):
         t.add_column(col, justify="right")
     for v, r in zip(values, reports):
-        t.add_row(str(v), _ms(r["step_time_s"]), _ms(r["compute_time_s"]), _ms(r["comm_time_s"]),
-                  _ms(r["exposed_comm_time_s"]), f"{r['comm_overhead']:.2%}", _bytes(r["wire_bytes_per_step"]))
+        t.add_row(str(v), fmt_ms(r["step_time_s"]), fmt_ms(r["compute_time_s"]), fmt_ms(r["comm_time_s"]),
+                  fmt_ms(r["exposed_comm_time_s"]), f"{r['comm_overhead']:.2%}", fmt_bytes(r["wire_bytes_per_step"]))
     console.print(t)
     name = load_scenario(args.scenario, args.set).name
     out = Path(args.out or f"runs/{name}")

@@ -1,0 +1,48 @@
+"""Console output shared by the entry points: the report table both backends print."""
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+GB = 10**9
+console = Console()
+
+
+def fmt_ms(x):
+    return f"{x * 1e3:,.3f} ms"
+
+
+def fmt_bytes(x):
+    return f"{x / GB:,.3f} GB" if x >= 1e7 else f"{x / 1e6:,.3f} MB"
+
+
+def print_report(report: dict, title: str, column: str = "predicted") -> None:
+    t = Table(title=title, show_header=True, header_style="bold")
+    t.add_column("per step (mean over ranks)")
+    t.add_column(column, justify="right")
+    t.add_row("step time", fmt_ms(report["step_time_s"]))
+    t.add_row("compute time", fmt_ms(report["compute_time_s"]))
+    t.add_row("communication time (in flight)", fmt_ms(report["comm_time_s"]))
+    if report.get("backend") == "sim":  # only the simulator knows when every member arrived
+        t.add_row("  of which waiting for slower peers", fmt_ms(report["peer_wait_time_s"]))
+    t.add_row("exposed communication time", fmt_ms(report["exposed_comm_time_s"]))
+    t.add_row("communication overhead (exposed / step)", f"{report['comm_overhead']:.2%}")
+    t.add_row("bytes on the wire per rank", fmt_bytes(report["wire_bytes_per_step"]))
+    console.print(t)
+    steps, ws = max(report["steps"], 1), max(report["world_size"], 1)
+    if report["breakdown"]:
+        b = Table(title="per collective", header_style="bold")
+        for col in ("collective", "calls/step/rank", "in flight/step/rank", "wire/step/rank"):
+            b.add_column(col, justify="right" if col != "collective" else "left")
+        for row in report["breakdown"]:
+            b.add_row(row["name"], f"{row['count'] / steps / ws:.3g}", fmt_ms(row["time_s"] / steps / ws),
+                      fmt_bytes(row["wire_bytes"] / steps / ws))
+        console.print(b)
+    mem = report.get("memory")
+    if mem:
+        verdict = "[green]fits[/green]" if mem["fits"] else "[red]does NOT fit[/red]"
+        console.print(f"memory per GPU: {fmt_bytes(mem['total'])} ({verdict}; weights {fmt_bytes(mem['weights'])}, "
+                      f"grads {fmt_bytes(mem['grads'])}, optimizer {fmt_bytes(mem['optimizer_state'])}, "
+                      f"activations {fmt_bytes(mem['activations'])}, codec {fmt_bytes(mem['codec_buffers'])})")
+        if mem.get("advice"):
+            console.print(f"  advice: {mem['advice']}")
