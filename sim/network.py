@@ -6,10 +6,12 @@ Gallager, "Data Networks", section 6.5.2): no flow can get faster without slowin
 flow that is already no faster. Rates are recomputed whenever a flow starts or ends,
 so two groups talking over one link at once slow each other down.
 
-Max-min fairness is not monotone flow by flow: a new flow can slow flow A at one link
-and so free capacity for flow B at another, and B speeds up. What the tests check is
-the property that matters for a collective: adding a concurrent flow never lets a
-collective (all its flows) finish earlier (tests/sim/test_network.py).
+Max-min fairness is not monotone on arbitrary graphs: a new flow can slow flow A at one
+link and so free capacity for flow B at another, and B (even a whole batch) finishes
+earlier; tests/sim/test_network.py keeps such a case. On the topologies the simulator
+builds (every route is a rank's up port, maybe a shared bridge or NIC, and another
+rank's down port), tests/sim/test_engine.py checks that adding a concurrent collective
+never lets a collective finish earlier.
 
 :func:`maxmin_rates` is the pure math (property-tested); :class:`FlowNetwork` is the
 thin SimPy shell that advances remaining bytes between events.

@@ -140,3 +140,57 @@ def test_ring_of_sends_then_receives_does_not_deadlock():
     tl = Engine(topo(n), DEVICE).run([p(r) for r in range(n)])
     for r in range(n):
         assert tl.metrics[r][0][2]["got"] == ref[r][0].metrics["got"] == (r - 1) % n
+
+
+def _collective_end(t, a, b=None):
+    """Finish time of collective ``a`` = (kind, algorithm, ranks, nbytes), alone or with ``b``
+    (same form plus a start delay in seconds) running on the same network."""
+    def prog(rank):
+        ha = hb = None
+        if b is not None and rank in b[2]:
+            if b[4]:
+                yield O.Compute(flops=b[4] * 1e12)  # 1 TFLOP/s golden device: delay in seconds
+            hb = yield _op(b, rank)
+        if rank in a[2]:
+            ha = yield _op(a, rank)
+        for h in (ha, hb):
+            if h is not None:
+                yield O.Wait(h)
+        yield O.StepDone(0)
+    tl = Engine(t, DEVICE, "fp32").run([prog(r) for r in range(t.world_size)])
+    return max(s.end for s in tl.spans if s.cat == "comm" and s.name == "A")
+
+
+def _op(spec, rank):
+    kind, algo, ranks, nbytes = spec[:4]
+    name = "A" if len(spec) == 4 else "B"
+    x = torch.empty(max(1, nbytes // 4) * len(ranks), device="meta")
+    if kind == "AllReduce":
+        return O.AllReduce(x, group=ranks, async_op=True, algorithm=algo, name=name)
+    if kind == "AllGather":
+        return O.AllGather(x, group=ranks, async_op=True, algorithm=algo, name=name)
+    if kind == "ReduceScatter":
+        return O.ReduceScatter(x, group=ranks, async_op=True, algorithm=algo, name=name)
+    return O.AllToAll(list(x.chunk(len(ranks))), group=ranks, async_op=True, algorithm=algo, name=name)
+
+
+_coll = st.tuples(st.sampled_from(["AllReduce", "AllGather", "ReduceScatter", "AllToAll"]),
+                  st.sampled_from(["ring", "tree", "direct", "halving_doubling", "hierarchical"]),
+                  st.sets(st.integers(0, 7), min_size=2, max_size=8).map(lambda s: tuple(sorted(s))),
+                  st.integers(1, 2**24))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.sampled_from(["switch", "pcie", "two-node"]), _coll, _coll, st.floats(0.0, 2e-3))
+def test_a_concurrent_collective_never_lets_a_collective_finish_earlier(kind, a, b, delay):
+    from oresearcher.sim.topology import build_topology
+    from simkit import fabric
+
+    if kind == "switch":
+        t = topo(8)
+    elif kind == "pcie":
+        t = build_topology(8, 8, fabric(topology="pcie", shared_bandwidth_GBps=150.0))
+    else:
+        t = build_topology(8, 4, fabric(), fabric(name="ib", topology="network", bandwidth_GBps=25.0), 2)
+    alone = _collective_end(t, a)
+    assert _collective_end(t, a, (*b, delay)) >= alone * (1 - 1e-9)

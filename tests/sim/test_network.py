@@ -63,11 +63,12 @@ def test_maxmin_is_feasible_and_every_flow_has_a_bottleneck(routes, caps):
             x >= y * (1 - 1e-9) for rr, y in zip(routes, rates) if l in rr) for l in r)
 
 
-@settings(max_examples=150, deadline=None)
-@given(routes_st, caps_st, st.lists(st.integers(0, 5), min_size=1, max_size=3, unique=True),
-       st.floats(1.0, 1000.0), st.floats(0.0, 20.0))
-def test_adding_a_concurrent_transfer_never_finishes_a_batch_earlier(routes, caps, extra, nbytes, t0):
-    base = [(0.0, [(tuple(r), 100.0 * (i + 1)) for i, r in enumerate(routes)])]
-    alone = run_flows(caps, base)[0]
-    with_extra = run_flows(caps, base + [(t0, [(tuple(extra), nbytes)])])[0]
-    assert with_extra >= alone * (1 - 1e-9)
+def test_maxmin_is_not_monotone_on_arbitrary_graphs():
+    """Why the monotonicity property is checked on the simulator's own topologies
+    (tests/sim/test_engine.py), not on arbitrary graphs: hypothesis found this case.
+    A new flow on link 0 slows the two flows there, which frees link 5 for the others,
+    and the batch ends earlier."""
+    base = [(0.0, [((0, 5), 100.0), ((0, 2), 200.0), ((5, 1), 300.0), ((5,), 400.0), ((1, 2), 500.0)])]
+    alone = run_flows([1.0] * 6, base)[0]
+    with_extra = run_flows([1.0] * 6, base + [(0.0, [((0,), 1.0)])])[0]
+    assert with_extra < alone
