@@ -12,7 +12,11 @@ POSIX). A checkpoint step is *complete* when every rank holds its file for that 
 ranks agree on the newest complete step by exchanging the steps they hold, so the
 directory need not be shared between machines.
 
-What a rank saves (the agent state): its learner's ``state_dict()`` (model, optimizer),
+Checkpoints are keyed by the *nominal* step of a resume boundary the program marked
+(the same on every rank; see :mod:`oresearcher.programs`).
+
+What a rank saves (the agent state): its learner's ``state_dict()`` (model, optimizer,
+data stream position where the task supports it),
 the ``state_dict()`` of every State object its program registered (codec error
 feedback, role, replay shard, outer optimizer...), its random generators, the step and
 the world size. Loading uses ``torch.load(weights_only=True)``: a checkpoint holds
@@ -140,8 +144,13 @@ class Checkpointer:
         self.every, self.total_steps, self.keep = int(every), int(total_steps), int(keep)
         self.store, self.prefix = store, prefix
 
-    def due(self, step: int) -> bool:
-        return self.every > 0 and ((step + 1) % self.every == 0 or step + 1 == self.total_steps)
+    def due(self, step: int, since: Optional[int] = None) -> bool:
+        """Is a checkpoint due at resume boundary ``step``? ``since``: the previous
+        boundary (default ``step - 1``); a step due in between is saved at this one."""
+        if self.every <= 0:
+            return False
+        prev = step - 1 if since is None else since
+        return (step + 1) // self.every > (prev + 1) // self.every or step + 1 == self.total_steps
 
     def save(self, step: int, learner, states: dict) -> Path:
         path = rank_file(self.root, step, self.rank)

@@ -5,13 +5,14 @@ The same program generator the simulator interprets runs here unchanged
 (:func:`oresearcher.programs.get_program`); the learner comes from the task registry
 (:func:`oresearcher.tasks.make_learner` with ``mode="real"``) or from a user factory.
 
-Resuming (``--resume``): ranks agree on the newest checkpoint every rank holds
-(:mod:`oresearcher.backends.checkpoint`), load their agent state and run the remaining
-steps. Programs see the resumed position through ``ctx.start_step`` when
-:class:`~oresearcher.programs.AgentContext` has that field; otherwise (programs written
-as ``for step in range(ctx.steps)``) they are given the remaining steps and their
-StepDone numbers are shifted, which is exact for programs whose only state between
-steps is the learner and whose period divides the checkpoint interval (ddp, local_sgd).
+Checkpoints and resuming (the protocol is in :mod:`oresearcher.programs`): a checkpoint
+is written only at a StepDone the program marked as a resume boundary
+(``ctx.mark_boundary``), under the boundary's nominal step; one that falls due between
+two boundaries (mid-round in the cooperative program) is written at the next one. With
+``--resume`` ranks agree on the newest checkpoint every rank holds
+(:mod:`oresearcher.backends.checkpoint`), load the learner and random generators, and
+start the program with ``ctx.start_step`` (the boundary + 1) and ``ctx.restored`` (the
+saved State objects, loaded as the program registers them).
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ import os
 import sys
 import threading
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Optional
@@ -109,21 +110,9 @@ def _autocast(scenario, learner, device):
     return lambda: torch.autocast(device_type="cuda", dtype=dtype)
 
 
-def _context(scenario, rank, world, device, start: int, restored: dict):
-    """The program's context; for a resumed run, see the module docstring."""
-    names = {f.name for f in fields(AgentContext)}
-    offset = 0
-    if start and "start_step" not in names:
-        remaining = scenario.training.steps - start
-        training = scenario.training.model_copy(update={"steps": remaining})
-        scenario = scenario.model_copy(update={"training": training})
-        offset = start
-    ctx = AgentContext(rank, world, scenario, mode="real", device=device)
-    if "start_step" in names:
-        ctx.start_step = start
-    if "restored" in names:
-        ctx.restored = restored
-    return ctx, offset
+def _context(scenario, rank, world, device, start: int, restored: dict) -> AgentContext:
+    """The program's context; a resumed run starts at nominal step ``start``."""
+    return AgentContext(rank, world, scenario, mode="real", device=device, start_step=start, restored=dict(restored))
 
 
 def program_states(ctx) -> dict:
@@ -228,7 +217,7 @@ def _train(scenario, opts: RunOptions, rank, world, device, store, prefix, monit
         step, saved = _resume_point(out, rank, world)
         start = step + 1
         log.info("resuming after step %d from %s", step, ckpt.step_dir(out, step))
-    ctx, offset = _context(scenario, rank, world, device, start, saved.get("states", {}))
+    ctx = _context(scenario, rank, world, device, start, saved.get("states", {}))
     program = get_program(scenario.training.strategy)(ctx, learner)
     if saved:
         ckpt.restore_agent(saved, learner, program_states(ctx))
@@ -240,20 +229,25 @@ def _train(scenario, opts: RunOptions, rank, world, device, store, prefix, monit
     bar = Progress(total, start, opts.progress) if rank == 0 else None
     prof = make_profiler(out, rank, device) if opts.profile else None
 
+    last_boundary = [start - 1]
+
     def on_step(step, metrics, stats):
         for hook in (tb, bar):
             if hook is not None:
                 hook.on_step(step, metrics, stats)
         if prof is not None:
             prof.step()
-        if saver.due(step):
-            saver.save(step, learner, program_states(ctx))
+        boundary, ctx.boundary = ctx.boundary, None
+        if boundary is not None:  # the program can resume after this StepDone
+            if saver.due(boundary, since=last_boundary[0]):
+                saver.save(boundary, learner, program_states(ctx))
+            last_boundary[0] = boundary
 
     tl = Timeline(world, keep_spans=max(1000, 200_000 // world))  # rank 0 merges them all
     dist.barrier()  # a common start: every rank's clock reads 0 here (within the barrier's skew)
     clock = make_clock()
     interp = Interpreter(rank, world, device=device, timeline=tl, clock=clock, backend=opts.backend,
-                         on_step=on_step, step_offset=offset, autocast=_autocast(scenario, learner, device),
+                         on_step=on_step, autocast=_autocast(scenario, learner, device),
                          record_functions=opts.profile)
     wall0 = time.perf_counter()
     if prof is not None:

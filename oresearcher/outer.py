@@ -50,6 +50,12 @@ class OuterNesterov:
     def set_anchor(self, params: torch.Tensor) -> None:
         self.anchor = params.detach().clone()
 
+    def to(self, device) -> "OuterNesterov":
+        """Move the anchor and momentum to ``device`` (a checkpoint loads on the CPU)."""
+        self.anchor = None if self.anchor is None else self.anchor.to(device)
+        self.buf = None if self.buf is None else self.buf.to(device)
+        return self
+
     def state_dict(self) -> dict:
         return {"lr": self.lr, "momentum": self.momentum, "anchor": self.anchor, "buf": self.buf, "steps": self.steps}
 

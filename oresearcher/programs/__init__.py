@@ -4,11 +4,26 @@ A program is ``program(ctx, learner) -> generator of ops``; the same generator r
 the simulator and on torch.distributed. :func:`get_program` maps the scenario's
 ``training.strategy`` to one. The cooperative O-Researcher program lives in
 :mod:`oresearcher.programs.cooperative`.
+
+Resuming (the protocol between programs and checkpointing backends):
+
+- A program keeps whatever it carries between steps (outer optimizer, roles,
+  allocation, codec error feedback, loop position) in State objects -- things with
+  ``state_dict()`` / ``load_state_dict()`` whose state is tensors, numbers, strings,
+  lists and dicts, so checkpoints load with ``torch.load(weights_only=True)`` -- and
+  hands each to :meth:`AgentContext.register` under a name. Registering loads
+  ``ctx.restored[name]`` when the backend restored one.
+- Before yielding a StepDone after which its state (plus the learner) is a complete
+  snapshot, the program calls :meth:`AgentContext.mark_boundary` with the *nominal* step
+  it has just completed (0 .. training.steps-1, the same on every rank). A resumed run
+  gets ``ctx.start_step`` = that step + 1 and continues from there.
+- With ``start_step == 0`` and nothing restored (the simulator, the reference
+  interpreter, a fresh run) registering and marking change nothing.
 """
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import torch
@@ -39,7 +54,22 @@ class AgentContext:
     device: torch.device = torch.device("cpu")
     group: Optional[tuple] = None
     eval_every: Optional[int] = None  # None: training.eval_every; 0: only after the last step
+    start_step: int = 0  # resumed run: the first nominal step still to do
+    restored: dict = field(default_factory=dict)  # name -> state_dict saved by a checkpoint
+    state: dict = field(default_factory=dict)  # name -> State object the program registered
+    boundary: Optional[int] = None  # nominal step of the last resumable StepDone (mark_boundary)
     _codec: object = None
+
+    def register(self, name: str, obj):
+        """Save ``obj`` with this agent's checkpoints; load its restored state if any."""
+        self.state[name] = obj
+        if name in self.restored:
+            obj.load_state_dict(self.restored[name])
+        return obj
+
+    def mark_boundary(self, step: int) -> None:
+        """The next StepDone ends nominal step ``step`` at a point the program can resume from."""
+        self.boundary = int(step)
 
     @property
     def codec(self):
@@ -55,7 +85,8 @@ class AgentContext:
         if self._codec is None:
             from ..codecs import build
 
-            self._codec = build(spec, seed=self.scenario.seed * 1009 + self.rank, shared_seed=self.scenario.seed)
+            self._codec = self.register("codec", build(spec, seed=self.scenario.seed * 1009 + self.rank,
+                                                       shared_seed=self.scenario.seed))
         return self._codec
 
     @property

@@ -27,6 +27,13 @@ are left in ``learner.cooperative_result``. Role switches are logged with their 
 and reported in StepDone metrics ("role" is the code in :data:`oresearcher.roles.ROLE_CODES`,
 "role_switch" the reason string).
 
+Resuming (see :mod:`oresearcher.programs`): a round's end is the only resume boundary.
+Its StepDone is marked as nominal step ``sum(rounds[:r+1]) - 1`` -- the same on every
+rank although agents take different numbers of local steps -- and a checkpoint due
+mid-round is written at the end of that round. Registered state: "group" (roles, lr
+multipliers, reward history), "allocation", "swa", "outer", "loop" (next round, this
+rank's StepDone counter, the next round's planned steps) and the codec.
+
 What the program asks of a learner beyond the Learner interface (all optional; shape
 mode and foreign tasks fall back to training-loss scores): ``evaluate_params(flat, arch)``
 -> dict(metric in [0, 1], loss, calibration, safety, probs, flops), ``arch_numel(arch)``,
@@ -70,6 +77,23 @@ class GroupState:
         self.roles, self.lr_mult = list(state["roles"]), list(state["lr_mult"])
         self.val_losses, self.rewards = list(state["val_losses"]), [list(r) for r in state["rewards"]]
         self.round = int(state["round"])
+
+
+@dataclass
+class LoopState:
+    """Where this agent stands at a round boundary: the next round, its own StepDone
+    counter (agents take different numbers of steps) and the next round's planned steps."""
+
+    round: int = 0
+    step: int = 0
+    steps_now: list = field(default_factory=list)
+
+    def state_dict(self) -> dict:
+        return {"round": self.round, "step": self.step, "steps_now": list(self.steps_now)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.round, self.step = int(state["round"]), int(state["step"])
+        self.steps_now = [int(x) for x in state["steps_now"]]
 
 
 def arch_ids(scenario) -> list:
@@ -216,21 +240,30 @@ def cooperative(ctx, learner):
     share_group = arch_group(ids, rank)
     members = share_group or tuple(range(n))
     pad_to = max((learner.arch_numel(a) if hasattr(learner, "arch_numel") else learner.numel) for a in ids)
-    st = GroupState(R.initial_roles(n, sc.agents.roles, cfg.roles.policy),
-                    initial_lr_mult(sc.seed, n, cfg.roles.lr_jitter))
-    alloc = AllocationState(n, cfg.allocation.temperature, cfg.allocation.floor, cfg.allocation.enabled)
+    st = ctx.register("group", GroupState(R.initial_roles(n, sc.agents.roles, cfg.roles.policy),
+                                          initial_lr_mult(sc.seed, n, cfg.roles.lr_jitter)))
+    alloc = ctx.register("allocation", AllocationState(n, cfg.allocation.temperature, cfg.allocation.floor,
+                                                       cfg.allocation.enabled))
     rounds = round_lengths(ctx.steps, sc.communication.interval)
     codec = ctx.codec
     outer = OuterNesterov(cfg.fusion.outer_lr, cfg.fusion.outer_momentum) if cfg.fusion.outer == "nesterov" else None
     costs = lambda: [step_cost(r, cfg.roles.optimizer_method) for r in st.roles]  # noqa: E731
-    steps_now, _ = alloc.plan([float("nan")] * n, n * rounds[0], costs())
-    swa = R.SWAState()
-    step = 0
+    swa = ctx.register("swa", R.SWAState())
+    loop = ctx.register("loop", LoopState())
+    if "loop" in ctx.restored:
+        _resumed(ctx, learner, loop, rounds)
+    else:
+        if ctx.start_step:
+            log.warning("no saved cooperative state to resume from: starting again from round 0")
+        loop.steps_now, _ = alloc.plan([float("nan")] * n, n * rounds[0], costs())
     if outer is not None:
-        outer.set_anchor((yield Compute(learner.flat_params, name="pack")))
-    for rnd in range(len(rounds)):
+        ctx.register("outer", outer).to(ctx.device)  # a checkpoint loads on the CPU
+        if outer.anchor is None:
+            outer.set_anchor((yield Compute(learner.flat_params, name="pack")))
+    step = loop.step
+    for rnd in range(loop.round, len(rounds)):
         st.round = rnd
-        role = st.roles[rank]
+        role, steps_now = st.roles[rank], loop.steps_now
         _configure(learner, cfg, role, st.lr_mult[rank], sc)
         my_steps = max(1, steps_now[rank])  # >= 1 so every round ends on a StepDone
         shared_steps = min(max(1, steps_now[i]) for i in members)
@@ -247,16 +280,30 @@ def cooperative(ctx, learner):
                 yield StepDone(step, metrics)
                 step += 1
         progress = (rnd + 1) / len(rounds)
-        info, steps_now = yield from _round_end(ctx, learner, st, alloc, outer, swa, ids, pad_to, losses, progress,
-                                                units=n * rounds[rnd + 1] if rnd + 1 < len(rounds) else 0)
+        info, steps_next = yield from _round_end(ctx, learner, st, alloc, outer, swa, ids, pad_to, losses, progress,
+                                                 units=n * rounds[rnd + 1] if rnd + 1 < len(rounds) else 0)
         metrics.update(info)
         if rnd == len(rounds) - 1:
             metrics.update((yield from _final(ctx, learner, st, ids, pad_to, losses)))
         elif ctx.eval_interval > 0 and ctx.numeric:
             metrics.update((yield Compute(learner.evaluate, name="evaluate")))
+        loop.round, loop.step, loop.steps_now = rnd + 1, step + 1, list(steps_next)
+        ctx.mark_boundary(sum(rounds[:rnd + 1]) - 1)
         yield StepDone(step, metrics)
         step += 1
     return getattr(learner, "cooperative_result", None)
+
+
+def _resumed(ctx, learner, loop, rounds) -> None:
+    """Check a restored position against the backend's; re-apply what lives in the learner."""
+    sc = ctx.scenario
+    if ctx.start_step != sum(rounds[:loop.round]):
+        log.warning("resuming at round %d (nominal step %d), but the backend resumes at step %d",
+                    loop.round, sum(rounds[:loop.round]), ctx.start_step)
+    if loop.round and hasattr(learner, "set_reward_weights"):  # as _round_end set them last
+        learner.set_reward_weights(scheduled_weights(sc.agents.reward_weights, loop.round / len(rounds),
+                                                     sc.cooperation.rewards.schedule,
+                                                     sc.cooperation.rewards.novelty_boost))
 
 
 def _current_lr(learner) -> float:

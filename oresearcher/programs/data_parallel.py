@@ -10,6 +10,10 @@ Each is a generator ``program(ctx, learner)`` yielding ops (see :mod:`oresearche
   (Stich, "Local SGD Converges Fast and Communicates Little", ICLR 2019).
 - ``diloco``: local_sgd plus an outer Nesterov step on the pseudo-gradient
   (Douillard et al., 2023).
+
+Every step is a resume boundary (``ctx.mark_boundary``): between steps these programs
+carry only the learner, the codec (``ddp``) and DiLoCo's outer optimizer (registered as
+"outer"), so a resumed run from ``ctx.start_step`` continues bit-identically.
 """
 from __future__ import annotations
 
@@ -61,11 +65,12 @@ def allreduce_grads(ctx, learner, overlap: bool):
 def ddp(ctx, learner):
     """Synchronous data parallel: every step, average gradients across the group."""
     overlap = ctx.scenario.communication.overlap
-    for step in range(ctx.steps):
+    for step in range(ctx.start_step, ctx.steps):
         metrics, reduced = yield from allreduce_grads(ctx, learner, overlap)
         yield Compute(learner.apply_grads, reduced, name="optimizer")
         if ctx.should_eval(step):
             metrics.update((yield Compute(learner.evaluate, name="evaluate")))
+        ctx.mark_boundary(step)
         yield StepDone(step, metrics)
 
 
@@ -89,13 +94,16 @@ def average_params(ctx, learner, outer: OuterNesterov | None = None):
 def _periodic(ctx, learner, outer):
     H = ctx.scenario.training.local_steps
     if outer is not None:
-        outer.set_anchor((yield Compute(learner.flat_params, name="pack")))
-    for step in range(ctx.steps):
+        ctx.register("outer", outer).to(ctx.device)  # a checkpoint loads on the CPU
+        if outer.anchor is None:  # a fresh run (or a checkpoint of another strategy)
+            outer.set_anchor((yield Compute(learner.flat_params, name="pack")))
+    for step in range(ctx.start_step, ctx.steps):
         metrics = yield from local_step(learner)
         if (step + 1) % H == 0 and ctx.world_size > 1:
             yield from average_params(ctx, learner, outer)
         if ctx.should_eval(step):
             metrics.update((yield Compute(learner.evaluate, name="evaluate")))
+        ctx.mark_boundary(step)
         yield StepDone(step, metrics)
 
 
@@ -111,8 +119,9 @@ def diloco(ctx, learner):
 
 def single(ctx, learner):
     """One agent alone: local steps, no communication (the equal-compute baseline)."""
-    for step in range(ctx.steps):
+    for step in range(ctx.start_step, ctx.steps):
         metrics = yield from local_step(learner)
         if ctx.should_eval(step):
             metrics.update((yield Compute(learner.evaluate, name="evaluate")))
+        ctx.mark_boundary(step)
         yield StepDone(step, metrics)

@@ -81,13 +81,34 @@ def expected_calibration_error(probs: torch.Tensor, labels: torch.Tensor, bins: 
     return float(ece)
 
 
-def _batches(X, y, batch: int, seed: int):
-    g = torch.Generator().manual_seed(seed)
-    while True:
-        perm = torch.randperm(len(X), generator=g)
-        for i in range(0, len(X) - batch + 1, batch):
-            idx = perm[i:i + batch]
-            yield X[idx], y[idx]
+class ShuffledBatches:
+    """Batches of (X, y) in a seeded order, reshuffled every epoch (the tail dropped).
+
+    Resumable: ``state_dict()`` holds the generator's state, the epoch's permutation and
+    the position in it, so a resumed agent draws exactly the batches it would have.
+    """
+
+    def __init__(self, X, y, batch: int, seed: int):
+        self.X, self.y, self.batch = X, y, batch
+        self.g = torch.Generator().manual_seed(seed)
+        self.perm, self.i = None, 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.perm is None or self.i + self.batch > len(self.X):
+            self.perm, self.i = torch.randperm(len(self.X), generator=self.g), 0
+        idx = self.perm[self.i:self.i + self.batch]
+        self.i += self.batch
+        return self.X[idx], self.y[idx]
+
+    def state_dict(self) -> dict:
+        return {"generator": self.g.get_state(), "perm": self.perm, "i": self.i}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.g.set_state(state["generator"])
+        self.perm, self.i = state["perm"], int(state["i"])
 
 
 def _loss(module, batch):
@@ -115,12 +136,20 @@ class DigitsLearner(TorchLearner):
                else torch.optim.SGD(module.parameters(), lr=lr, momentum=0.9))
         fwd, bwd, _ = measure_module(module, (X[:batch].to(dtype),), lambda out: F.cross_entropy(out, y[:batch]))
         module.to(self.device)
-        super().__init__(module, opt, _batches(X.to(self.device, dtype), y.to(self.device), batch,
+        super().__init__(module, opt, ShuffledBatches(X.to(self.device, dtype), y.to(self.device), batch,
                                                seed * 1000 + rank), _loss,
                          fwd_flops=fwd, bwd_flops=bwd, bucket_bytes=bucket_bytes)
         self.arch, self.dtype_, self._scratch = arch, dtype, {}
         Xv = splits["val"][0].to(self.device, dtype)
         self.eval_flops = float(measure_module(self._module_for(arch), (Xv,), lambda o: o.sum())[0])
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "data": self.batches.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        if "data" in state:  # checkpoints from before the data stream was saved lack it
+            self.batches.load_state_dict(state["data"])
 
     def arch_numel(self, arch: str) -> int:
         return sum(p.numel() for p in self._module_for(arch).parameters())

@@ -29,19 +29,51 @@ def micro_batch(scenario) -> int:
     return max(1, math.ceil(scenario.workload.global_batch / scenario.agents.count))
 
 
-def token_stream(vocab: int, batch: int, seq_len: int, seed: int, rank: int, noise: float = NOISE):
-    """Infinite iterator of LongTensor[batch, seq_len + 1] (inputs + shifted targets)."""
-    table = torch.Generator().manual_seed(seed)
-    perm = torch.randperm(vocab, generator=table)
-    gen = torch.Generator().manual_seed(seed * 1_000_003 + rank + 1)
-    while True:
+class TokenStream:
+    """Infinite iterator of LongTensor[batch, seq_len + 1] (inputs + shifted targets) on
+    ``device``. Resumable: its state is its generator's (``state_dict``)."""
+
+    def __init__(self, vocab: int, batch: int, seq_len: int, seed: int, rank: int, noise: float = NOISE,
+                 device="cpu"):
+        self.vocab, self.batch, self.seq_len, self.noise, self.device = vocab, batch, seq_len, noise, device
+        self.perm = torch.randperm(vocab, generator=torch.Generator().manual_seed(seed))
+        self.gen = torch.Generator().manual_seed(seed * 1_000_003 + rank + 1)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> torch.Tensor:
+        batch, seq_len, gen = self.batch, self.seq_len, self.gen
         x = torch.empty(batch, seq_len + 1, dtype=torch.long)
-        x[:, 0] = torch.randint(vocab, (batch,), generator=gen)
-        jumps = torch.rand(batch, seq_len, generator=gen) < noise
-        rand = torch.randint(vocab, (batch, seq_len), generator=gen)
+        x[:, 0] = torch.randint(self.vocab, (batch,), generator=gen)
+        jumps = torch.rand(batch, seq_len, generator=gen) < self.noise
+        rand = torch.randint(self.vocab, (batch, seq_len), generator=gen)
         for t in range(seq_len):
-            x[:, t + 1] = torch.where(jumps[:, t], rand[:, t], perm[x[:, t]])
-        yield x
+            x[:, t + 1] = torch.where(jumps[:, t], rand[:, t], self.perm[x[:, t]])
+        return x.to(self.device)
+
+    def state_dict(self) -> dict:
+        return {"generator": self.gen.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.gen.set_state(state["generator"])
+
+
+def token_stream(vocab: int, batch: int, seq_len: int, seed: int, rank: int, noise: float = NOISE) -> TokenStream:
+    """Infinite iterator of LongTensor[batch, seq_len + 1] (inputs + shifted targets)."""
+    return TokenStream(vocab, batch, seq_len, seed, rank, noise)
+
+
+class LMLearner(TorchLearner):
+    """TorchLearner whose checkpoints also hold the token stream's position."""
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "data": self.batches.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        if "data" in state:
+            self.batches.load_state_dict(state["data"])
 
 
 def make_learner(scenario, rank: int, *, mode: str, device="cpu"):
@@ -57,13 +89,12 @@ def make_learner(scenario, rank: int, *, mode: str, device="cpu"):
     model = build_model(w.model, device=device, dtype=torch.float32 if w.dtype == "fp32" else DTYPES[w.dtype])
     model.activation_checkpointing = w.activation_checkpointing
     vocab = PRESETS[w.model].vocab_size
-    stream = token_stream(vocab, mb, w.seq_len, scenario.seed, rank)
-    batches = (b.to(device) for b in stream)
+    batches = TokenStream(vocab, mb, w.seq_len, scenario.seed, rank, device=device)
     optimizer = (torch.optim.AdamW(model.parameters(), lr=scenario.training.lr) if w.optimizer == "adamw"
                  else torch.optim.SGD(model.parameters(), lr=scenario.training.lr))
 
     def loss_fn(module, batch):
         return lm_loss(module(batch[:, :-1]), batch[:, 1:])
 
-    return TorchLearner(model, optimizer, batches, loss_fn, fwd_flops=cost.fwd_flops,
+    return LMLearner(model, optimizer, batches, loss_fn, fwd_flops=cost.fwd_flops,
                         bwd_flops=cost.bwd_flops + cost.recompute_flops, bucket_bytes=comm.bucket_bytes)
