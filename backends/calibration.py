@@ -11,8 +11,13 @@
   share cores as in a run), and its Compute ops are totalled: seconds measured and
   FLOPs declared. The profile takes the *slowest* rank's mean: in synchronous training
   the group moves at its pace.
-  The spread of step times (coefficient of variation) is recorded in the profile's
-  comments: the simulator's ranks are identical and steady, a shared machine's are not.
+  Every step's compute seconds and the FLOPs of each Compute op are kept: the
+  calibration turns their spread into the device's ``compute_jitter_cv``, so the
+  simulator's ranks drift apart and wait for each other as a shared machine's do.
+- The same run times the program's own collectives (kind, size, issue to completion;
+  per instance the smallest over ranks, i.e. the last arrival's). With every rank busy
+  they run slower than in the idle sweep (cores, caches and memory bandwidth shared
+  with the other ranks' compute); the calibration scales the sweep's fit to them.
 - The workload's own collective sizes (its buckets, its flat parameters) are timed too.
 - Host overhead: the interpreter's fixed cost of a Compute op with nothing to run.
 
@@ -36,6 +41,7 @@ from .interpreter import Interpreter
 log = logging.getLogger(__name__)
 
 KINDS = ("AllReduce", "AllGather")
+KINDS_FITTED = ("AllReduce", "AllGather", "ReduceScatter", "Broadcast", "AllToAll")  # the ring model's
 
 
 def _collective(kind: str, nbytes: int, world: int, device) -> O.Collective:
@@ -104,15 +110,50 @@ def workload_sizes(learner) -> list[int]:
     return sorted({int(b) * item for b in getattr(learner, "buckets", ())} | {int(learner.numel) * item})
 
 
+class _OpLog:
+    """Wraps a program and notes, in yield order, what the fit needs: per step the FLOPs
+    of each Compute op, and every communication op (kind, ring-model bytes S, step)."""
+
+    def __init__(self, world: int):
+        self.world, self.step = world, 0
+        self.flops = [[]]  # per step: [flops of each Compute op]
+        self.comms = []  # [(kind, S bytes, step)] in issue order
+
+    def wrap(self, program):
+        val = None
+        while True:
+            try:
+                op = program.send(val)
+            except StopIteration:
+                return
+            if isinstance(op, O.Compute):
+                self.flops[-1].append(float(op.flops))
+            elif isinstance(op, (O.Collective, O.Send, O.Recv)):
+                kind = getattr(op, "kind", type(op).__name__)
+                nbytes = O.payload_bytes(op) if kind != "Barrier" else 0
+                n = len(O.resolve_group(op.group, self.world)) if isinstance(op, O.Collective) else 2
+                # the ring model's S for an all-gather is the gathered total
+                self.comms.append((kind, nbytes * n if kind == "AllGather" else nbytes, n, self.step))
+            elif isinstance(op, O.StepDone):
+                self.step += 1
+                self.flops.append([])
+            val = yield op
+
+
 def measure_program_compute(scenario, learner, rank: int, world: int, device, steps: int,
                             warmup: int = 2) -> dict:
-    """Run the scenario's own program for ``warmup + steps`` steps and total its Compute ops.
+    """Run the scenario's own program for ``warmup + steps`` steps; total its Compute ops
+    and time its collectives.
 
     Returns per measured step (means): seconds in Compute ops, the FLOPs those ops
-    declared and their number, plus the spread (std/mean) of the per-step seconds.
-    Dividing declared FLOPs by measured seconds gives the rate at which the simulator
-    must charge *this program's* compute to reproduce it: ops the FLOP count misses
-    (optimizer steps, packing, a codec's elementwise passes) are folded in.
+    declared and their number, plus the per-step seconds themselves, the FLOPs of each
+    Compute op per step, and this rank's duration (issue to completion) of every
+    collective of the measured steps with its kind and size. Dividing declared FLOPs by
+    measured seconds gives the rate at which the simulator must charge *this program's*
+    compute to reproduce it: ops the FLOP count misses (optimizer steps, packing, a
+    codec's elementwise passes) are folded in. The collective times are taken with
+    every rank busy, as in a run: they show what the program's collectives cost in the
+    cache and scheduler state the program leaves, which an idle sweep does not.
     """
     from oresearcher.programs import AgentContext, get_program
 
@@ -120,17 +161,49 @@ def measure_program_compute(scenario, learner, rank: int, world: int, device, st
     short = scenario.model_copy(update={"training": scenario.training.model_copy(update={"steps": total})})
     ctx = AgentContext(rank, world, short, mode="real", device=device)
     per_step = []
-    interp = Interpreter(rank, world, device=device, timeline=Timeline(world, keep_spans=0), clock=time.perf_counter,
+    tl = Timeline(world, keep_spans=1_000_000)
+    interp = Interpreter(rank, world, device=device, timeline=tl, clock=time.perf_counter,
                          backend=dist.get_backend(), on_step=lambda s, m, st: per_step.append(st))
+    oplog = _OpLog(world)
     dist.barrier()
-    interp.run(get_program(scenario.training.strategy)(ctx, learner))
+    interp.run(oplog.wrap(get_program(scenario.training.strategy)(ctx, learner)))
     interp.close()
     kept = per_step[warmup:] or per_step
     secs = [st["compute_s"] for st in kept]
     mean = statistics.fmean(secs)
+    spans = sorted((sp for sp in tl.spans if sp.cat == "comm"), key=lambda sp: sp.start)
+    comms = []
+    if len(spans) == len(oplog.comms):  # else some span went unrecorded: do not guess the pairing
+        comms = [(k, b, n, sp.duration) for (k, b, n, step), sp in zip(oplog.comms, spans) if step >= warmup]
     return {"step_s": mean, "cv": statistics.pstdev(secs) / mean if mean else 0.0,
             "flops_per_step": statistics.fmean(st["compute_flops"] for st in kept),
-            "ops_per_step": statistics.fmean(st["compute_ops"] for st in kept)}
+            "ops_per_step": statistics.fmean(st["compute_ops"] for st in kept),
+            "step_seconds": secs, "op_flops": oplog.flops[warmup:warmup + len(kept)], "comms": comms}
+
+
+def merge_inrun(per_rank: list[list[tuple]], world: int) -> list[dict]:
+    """Rows {kind, bytes, time_s, workload, in_run} from every rank's in-run collectives.
+
+    Every rank issues the same collectives in the same order (else nothing is merged).
+    An instance's time is the smallest over ranks: the last rank to arrive waited for
+    no one, so its time is arrival-to-completion, what the simulator charges (the
+    others' extra is peer waiting, which the simulator models separately). Instances of
+    one kind and size are averaged. Only world-group collectives of the ring model's
+    kinds are kept.
+    """
+    if not per_rank or len({len(c) for c in per_rank}) != 1:
+        return []
+    groups = {}
+    for inst in zip(*per_rank):
+        kinds = {(k, b, n) for k, b, n, _ in inst}
+        if len(kinds) != 1:
+            return []
+        kind, nbytes, n = inst[0][:3]
+        if n != world or kind not in KINDS_FITTED:
+            continue
+        groups.setdefault((kind, nbytes), []).append(min(d for *_, d in inst))
+    return [{"kind": k, "bytes": int(b), "time_s": statistics.fmean(ts), "workload": True, "in_run": True,
+             "count": len(ts)} for (k, b), ts in sorted(groups.items())]
 
 
 def measure_host_overhead(rank: int, world: int, device, ops: int = 2000) -> float:
@@ -173,7 +246,11 @@ def calibrate_rank(scenario, denv, *, backend: str, timeout_s: float, sizes, rep
         "call_overhead_s": statistics.median(m["call_s"] for m in every),
         "compute_step_s": max(m["compute"]["step_s"] for m in every),  # the group's pace
         "compute_step_s_per_rank": [m["compute"]["step_s"] for m in every],
+        "compute_step_s_mean": statistics.fmean(m["compute"]["step_s"] for m in every),
         "compute_cv_per_rank": [m["compute"]["cv"] for m in every],
+        "step_seconds_per_rank": [m["compute"]["step_seconds"] for m in every],
+        "op_flops": every[0]["compute"]["op_flops"],
+        "inrun_collectives": merge_inrun([m["compute"]["comms"] for m in every], world),
         "flops_per_step": every[0]["compute"]["flops_per_step"],
         "compute_ops_per_step": every[0]["compute"]["ops_per_step"],
         "strategy": scenario.training.strategy,

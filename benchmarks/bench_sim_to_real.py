@@ -8,7 +8,8 @@ For each configuration and repeat it runs ``python -m oresearcher.calibrate``
 (collective sweep + the workload's step with all ranks busy) into a profile, right
 away a real run (``python -m oresearcher.run --backend=gloo``), and the simulator
 (``oresearcher.sim.simulate.simulate``) on the identical scenario pointed at that
-profile. Calibrating next to each run keeps both under the same load from whatever
+profile. The calibration is a separate launch (its own processes, a short run of the
+program): nothing of the run being predicted feeds its prediction. Calibrating next to each run keeps both under the same load from whatever
 else the machine is doing. Configurations (gpt-tiny, ~0.8M parameters, on the synthetic
 token stream):
 
@@ -79,9 +80,9 @@ def sh(cmd: list, what: str) -> None:
         sys.exit(f"{what} failed (exit {p.returncode}):\n{p.stderr[-3000:]}")
 
 
-def calibrate(path: Path, profile: Path) -> None:
-    sh([sys.executable, "-m", "oresearcher.calibrate", "--backend=gloo", "--scenario", str(path), "--out", str(profile)],
-       f"calibration with {path}")
+def calibrate(path: Path, profile: Path, extra=()) -> None:
+    sh([sys.executable, "-m", "oresearcher.calibrate", "--backend=gloo", "--scenario", str(path), "--out", str(profile),
+        *extra], f"calibration with {path}")
 
 
 def measure(path: Path, out: Path) -> dict:
@@ -101,7 +102,8 @@ def predict(path: Path, profile: Path) -> dict:
 
 
 def median_report(reports: list[dict]) -> dict:
-    keys = ("step_time_s", "compute_time_s", "comm_time_s", "exposed_comm_time_s", "comm_overhead", "wire_bytes_per_step")
+    keys = ("step_time_s", "compute_time_s", "comm_time_s", "exposed_comm_time_s", "comm_overhead", "wire_bytes_per_step",
+            "peer_wait_time_s")
     return {k: statistics.median(r[k] for r in reports) for k in keys}
 
 
@@ -119,6 +121,8 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=3, help="calibrate+run pairs per configuration (medians)")
     ap.add_argument("--markdown", action="store_true", help="also print the table as markdown")
     ap.add_argument("--only", type=int, nargs="*", help="configuration numbers to run (1-based)")
+    ap.add_argument("--calibrate-arg", action="append", default=[], metavar="ARG",
+                    help="extra argument for oresearcher.calibrate (e.g. --no-jitter, --no-in-run), repeatable")
     ap.add_argument("--keep", help="keep scenarios, profiles and runs in this directory")
     args = ap.parse_args(argv)
     work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="sim2real-"))
@@ -133,7 +137,7 @@ def main(argv=None) -> int:
         preds, meass = [], []
         for k in range(args.repeats):
             profile = work / f"profile{i}-{k}.yaml"
-            calibrate(path, profile)
+            calibrate(path, profile, args.calibrate_arg)
             meass.append(measure(path, work / f"run{i}-{k}"))
             preds.append(predict(path, profile))
         pred, meas = median_report(preds), median_report(meass)

@@ -26,6 +26,18 @@ latencies at a single world size. Besides the sweep, the all-reduce is timed at 
 workload's own sizes (its gradient buckets, its flat parameters), so the fit is anchored
 where the scenario communicates.
 
+The idle sweep fixes the shape of that line; its level is then scaled by one factor to
+the program's own collectives timed during a short run with every rank busy
+(:func:`inrun_factor`): on a shared CPU host those are slower than idle ones.
+``--no-in-run`` keeps the idle fit.
+
+The device's ``compute_jitter_cv`` is the per-step spread of compute time pooled over
+ranks, converted to the per-op cv that gives a simulated step that spread
+(:func:`op_jitter_cv`); with it the simulator's ranks drift apart and wait for each
+other at collectives as real ones do, and the device rate is the mean rank's (the
+slowest rank's pace then emerges). ``--no-jitter`` keeps identical steady ranks at the
+slowest rank's rate.
+
 The device rate is the FLOPs the program's Compute ops declare divided by the time
 they took: work the FLOP counts miss (optimizer steps, packing, a codec's elementwise
 passes) is folded into the rate, so the profile fits the strategy it was measured
@@ -108,6 +120,61 @@ def fit_fabric(rows, n: int, call_overhead_s: float = 0.0) -> FabricFit:
     return FabricFit(call, const - call, hop, min(bandwidth, MAX_BANDWIDTH_GBps * GB))
 
 
+def scaled(fit: FabricFit, factor: float) -> FabricFit:
+    """``fit`` with every time term multiplied by ``factor`` (bandwidth divided by it)."""
+    return FabricFit(fit.call_overhead_s * factor, fit.base_latency_s * factor, fit.hop_latency_s * factor,
+                     fit.bandwidth_Bps / factor)
+
+
+def inrun_factor(rows, n: int, fit: FabricFit) -> float:
+    """How much slower the program's own collectives ran, with every rank busy, than
+    ``fit`` (from the idle sweep) predicts: the geometric mean of measured / predicted
+    over the in-run instances (rows {kind, bytes, time_s, count}). 1 when there are none.
+
+    One factor for every term keeps the sweep's shape (latency vs bandwidth, per hop vs
+    per call) and moves the level to where the scenario communicates: on a shared CPU
+    host the busy ranks' cores, caches and memory bandwidth slow latency and transfer
+    alike, and one or two sizes could not separate the terms anyway.
+    """
+    logs, weights = [], []
+    for r in rows:
+        pred = fit.predict(r["kind"], r["bytes"], n)
+        if pred > 0 and r["time_s"] > 0:
+            logs.append(np.log(r["time_s"] / pred))
+            weights.append(float(r.get("count", 1)))
+    return float(np.exp(np.average(logs, weights=weights))) if logs else 1.0
+
+
+def pooled_cv(step_seconds_per_rank) -> float:
+    """std/mean of one step's compute time over every rank and step (grand mean).
+
+    Pooling over ranks counts a rank that is slower for the whole run as spread too:
+    which rank a shared machine slows is itself random from run to run.
+    """
+    xs = [x for per in step_seconds_per_rank for x in per]
+    mean = float(np.mean(xs)) if xs else 0.0
+    return float(np.std(xs)) / mean if mean > 0 and len(xs) > 1 else 0.0
+
+
+def op_jitter_cv(step_cv: float, op_flops, rate: float, host_s: float) -> float:
+    """The per-Compute-op cv that gives a simulated step the measured spread ``step_cv``.
+
+    The simulator scales each op of simulated duration d_i = flops_i / rate + host by an
+    independent factor of cv c, so a step's std is c * sqrt(sum d_i^2) and its mean
+    sum d_i; hence c = step_cv * sum d_i / sqrt(sum d_i^2) (averaged over the steps in
+    ``op_flops``, a list of per-step lists of FLOPs). One dominant op gives c = step_cv.
+    """
+    sums, squares = [], []
+    for step in op_flops:
+        d = [f / rate + host_s for f in step]
+        if d:
+            sums.append(sum(d))
+            squares.append(sum(x * x for x in d))
+    if not sums or step_cv <= 0:
+        return 0.0
+    return float(step_cv * np.mean(sums) / np.sqrt(np.mean(squares)))
+
+
 def fit_errors(rows, n: int, fit: FabricFit) -> list[dict]:
     """Each row with the fitted prediction and its relative error."""
     out = []
@@ -117,21 +184,34 @@ def fit_errors(rows, n: int, fit: FabricFit) -> list[dict]:
     return out
 
 
-def compute_rate(m: dict) -> float:
+def compute_rate(m: dict, jitter: bool = False) -> float:
     """FLOP/s at which the simulator reproduces the measured compute of the program.
 
     The simulator charges each Compute op ``flops / rate + host overhead``; the measured
-    seconds already hold the host overhead, so it is taken off before dividing.
+    seconds already hold the host overhead, so it is taken off before dividing. Without
+    jitter the simulated ranks are identical, so the slowest rank's mean sets the pace
+    (``compute_step_s``); with jitter the simulator draws the imbalance itself, so the
+    rate is the mean over ranks (``compute_step_s_mean``) and the pace emerges.
     """
     if m["flops_per_step"] <= 0:
         raise UserError(f"the {m.get('strategy', '?')} program's Compute ops declare no FLOPs; nothing to calibrate")
     host = m.get("compute_ops_per_step", 0.0) * m["host_overhead_s"]
-    return m["flops_per_step"] / max(m["compute_step_s"] - host, 1e-9)
+    step = m.get("compute_step_s_mean", m["compute_step_s"]) if jitter else m["compute_step_s"]
+    return m["flops_per_step"] / max(step - host, 1e-9)
 
 
-def device_doc(name: str, m: dict, memory_bytes: float) -> dict:
-    """The device profile: achieved FLOP/s per rank with every rank computing at once."""
-    rate = compute_rate(m)
+def jitter_cv(m: dict) -> float:
+    """The device profile's compute_jitter_cv from the measured per-step compute times."""
+    rate = compute_rate(m, jitter=True)
+    return op_jitter_cv(pooled_cv(m.get("step_seconds_per_rank", [])), m.get("op_flops", []), rate,
+                        m["host_overhead_s"])
+
+
+def device_doc(name: str, m: dict, memory_bytes: float, jitter: bool = False) -> dict:
+    """The device profile: achieved FLOP/s per rank with every rank computing at once,
+    and (``jitter``) the spread of a Compute op's duration."""
+    rate = compute_rate(m, jitter)
+    cv = jitter_cv(m) if jitter else 0.0
     return {
         "kind": "device",
         "name": name,
@@ -140,6 +220,7 @@ def device_doc(name: str, m: dict, memory_bytes: float) -> dict:
         "efficiency": 1.0,  # the measured rate is already the achieved rate
         "memory_bytes": float(memory_bytes),
         "host_overhead_us": m["host_overhead_s"] / US,
+        **({"compute_jitter_cv": cv} if cv > 0 else {}),
     }
 
 
@@ -166,10 +247,15 @@ def profile_text(device: dict, fabric: dict, m: dict, errors: list[dict]) -> str
         + ", ".join(f"{1e3 * t:.3f}" for t in m.get("compute_step_s_per_rank", [])) + " ms; "
         + "step time spread (std/mean) per rank: "
         + ", ".join(f"{c:.2f}" for c in m.get("compute_cv_per_rank", [])) + ").",
-        "# collective fit (ring model): kind, bytes, measured us, fitted us, error (* the workload's sizes)",
+        f"# compute jitter: per-step spread pooled over ranks {pooled_cv(m.get('step_seconds_per_rank', [])):.3f}"
+        f" -> compute_jitter_cv {device.get('compute_jitter_cv', 0.0):.3f} per Compute op.",
+        f"# in-run collectives: {m.get('inrun_factor', 1.0):.3f} x the idle sweep's fit (geometric mean of "
+        "measured / fitted over the program's own collectives, every rank busy; 1: not applied).",
+        "# collective fit (ring model): kind, bytes, measured us, fitted us, error "
+        "(* the workload's sizes, idle; ** in the program's own run)",
     ]
     for e in errors:
-        kind = e["kind"] + ("*" if e.get("workload") else "")
+        kind = e["kind"] + ("**" if e.get("in_run") else "*" if e.get("workload") else "")
         lines.append(f"#   {kind:<10} {e['bytes']:>10} {e['time_s'] / US:>11.1f} {e['predicted_s'] / US:>11.1f} "
                      f"{e['error']:+7.1%}")
     body = yaml.safe_dump_all([device, fabric], sort_keys=False, explicit_start=False)
@@ -197,6 +283,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=7, help="repetitions per collective size")
     p.add_argument("--compute-steps", type=int, default=30, help="timed training steps")
     p.add_argument("--timeout", type=float, default=120.0)
+    p.add_argument("--no-jitter", dest="jitter", action="store_false",
+                   help="identical steady ranks: no compute_jitter_cv, the slowest rank's rate")
+    p.add_argument("--no-in-run", dest="in_run", action="store_false",
+                   help="fit the fabric to the idle sweep only, not scaled to the program's own collectives")
     p.add_argument("--learner", metavar="MODULE:FN", help="build learners with FN instead of the task registry")
     return p
 
@@ -211,12 +301,18 @@ def _scenario(args):
     return load_scenario(args.scenario, overrides)
 
 
-def write_profile(path: Path, m: dict, device_name: str, fabric_name: str) -> FabricFit:
+def write_profile(path: Path, m: dict, device_name: str, fabric_name: str, jitter: bool = True,
+                  in_run: bool = True) -> FabricFit:
+    """Fit and write the profile. ``jitter``: measure compute_jitter_cv (and take the mean
+    rank's rate); ``in_run``: scale the sweep's fit to the program's own collectives."""
     n = m["world_size"]
     fit = fit_fabric(m["collectives"], n, m["call_overhead_s"])
+    inrun = m.get("inrun_collectives", []) if in_run else []
+    m = dict(m, inrun_factor=inrun_factor(inrun, n, fit) if inrun else 1.0)
+    fit = scaled(fit, m["inrun_factor"])
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / n
-    errors = fit_errors(m["collectives"], n, fit)
-    text = profile_text(device_doc(device_name, m, memory), fabric_doc(fabric_name, fit), m, errors)
+    errors = fit_errors(m["collectives"] + inrun, n, fit)
+    text = profile_text(device_doc(device_name, m, memory, jitter), fabric_doc(fabric_name, fit), m, errors)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text)
@@ -245,9 +341,9 @@ def main(argv=None) -> int:
                        repeats=args.repeats, compute_steps=args.compute_steps, learner_spec=args.learner,
                        threads=int(os.environ.get("OMP_NUM_THREADS", "1") or 1))
     if m is not None:
-        fit = write_profile(Path(args.out), m, args.device_name, args.fabric_name)
+        fit = write_profile(Path(args.out), m, args.device_name, args.fabric_name, args.jitter, args.in_run)
         log.info("wrote %s: %.3g GFLOP/s per rank; %.2f GB/s, base %.0f us, hop %.0f us, call %.0f us",
-                 args.out, compute_rate(m) / 1e9, fit.bandwidth_Bps / GB,
+                 args.out, compute_rate(m, args.jitter) / 1e9, fit.bandwidth_Bps / GB,
                  fit.base_latency_s / US, fit.hop_latency_s / US, fit.call_overhead_s / US)
     return 0
 

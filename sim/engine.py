@@ -10,18 +10,31 @@ reference interpreter and torch.distributed follow; in shape mode the tensors ar
 tensors and only sizes flow.
 
 Nothing here reads the wall clock or global randomness: the same programs on the same
-topology give the same timeline, event for event.
+topology give the same timeline, event for event. A device profile with
+``compute_jitter_cv > 0`` scales each Compute op by a random factor drawn from a
+generator private to the rank and seeded by ``seed`` and the rank, so runs stay
+reproducible.
 """
 from __future__ import annotations
 
 from collections import defaultdict
 
+import math
+
+import numpy as np
 import simpy
 
 from oresearcher import ops as O
 from oresearcher.report import Timeline
 
 from . import collectives as C
+
+
+def lognormal_params(cv: float) -> tuple[float, float]:
+    """(mu, sigma) of the lognormal with mean 1 and coefficient of variation ``cv``:
+    sigma^2 = ln(1 + cv^2), mu = -sigma^2 / 2 (so E[e^X] = e^(mu + sigma^2/2) = 1)."""
+    s2 = math.log1p(cv * cv)
+    return -s2 / 2, math.sqrt(s2)
 
 
 class CollectiveMismatch(RuntimeError):
@@ -42,12 +55,14 @@ class Engine:
     """Interprets ops for ``world_size`` ranks on ``topo`` with ``device`` compute."""
 
     def __init__(self, topo, device, dtype: str = "bf16", algorithm: str = "auto",
-                 timeline: Timeline | None = None, env: simpy.Environment | None = None):
+                 timeline: Timeline | None = None, env: simpy.Environment | None = None, seed: int = 0):
         self.env = env or simpy.Environment()
         self.topo, self.device, self.algorithm = topo, device, algorithm
         self.world_size = topo.world_size
         self.rate = device.flops_per_s(dtype)
         self.host = device.host_overhead_s
+        self.seed = int(seed)
+        self.jitter = lognormal_params(float(getattr(device, "compute_jitter_cv", 0.0) or 0.0))
         self.tl = timeline or Timeline(self.world_size)
         from .network import FlowNetwork
 
@@ -76,6 +91,9 @@ class Engine:
     # -- rank process -------------------------------------------------------------
     def _rank(self, rank, gen):
         env, tl = self.env, self.tl
+        mu, sigma = self.jitter
+        # one generator per rank: a rank's draws do not depend on how ranks interleave
+        rng = np.random.default_rng([self.seed, rank]) if sigma > 0 else None
         val = None
         while True:
             try:
@@ -88,7 +106,8 @@ class Engine:
                 start = env.now
                 if op.fn is not None:
                     val = op.fn(*op.args, **op.kwargs)
-                yield env.timeout(op.flops / self.rate + self.host)
+                dur = op.flops / self.rate + self.host
+                yield env.timeout(dur * float(rng.lognormal(mu, sigma)) if rng is not None else dur)
                 tl.record(rank, "compute", op.name, start, env.now)
             elif isinstance(op, O.Collective):
                 inst = self._arrive(rank, op, op.kind, *self._group(op.group))

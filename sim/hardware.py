@@ -32,6 +32,11 @@ class DeviceProfile(_Strict):
     efficiency: float = Field(gt=0, le=1, description="fraction of peak reached in training")
     memory_bytes: float = Field(gt=0, description="device memory, bytes")
     host_overhead_us: float = Field(ge=0, description="per Compute op fixed cost, microseconds")
+    # A shared host's compute is not steady: each Compute op's duration is its mean times
+    # a random factor (lognormal, mean 1) with this coefficient of variation. Ranks that
+    # jitter independently wait for each other at every collective; 0 keeps every rank
+    # identical and steady. `oresearcher.calibrate` measures it.
+    compute_jitter_cv: float = Field(0.0, ge=0, le=2, description="std/mean of a Compute op's duration")
 
     def flops_per_s(self, dtype: str) -> float:
         """Achieved FLOP/s for ``dtype`` (peak x efficiency)."""

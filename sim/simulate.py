@@ -82,7 +82,7 @@ def simulate(scenario: Scenario, *, mode: str | None = None, on_step=None, keep_
         raise UserError(f"{getattr(scenario, '_source', scenario.name)}: {e}") from None
     ctxs = [AgentContext(rank=r, world_size=n, scenario=scenario, mode=mode, device=torch_device) for r in range(n)]
     engine = Engine(topo, device, scenario.workload.dtype, scenario.communication.algorithm,
-                    Timeline(n, keep_spans=keep_spans))
+                    Timeline(n, keep_spans=keep_spans), seed=scenario.seed)
     engine.on_step = on_step
     tl = engine.run([program(c, l) for c, l in zip(ctxs, learners)])
     extra = {

@@ -1,0 +1,117 @@
+"""The calibration's model of a busy run: compute jitter (pooled step spread -> per-op cv)
+and the in-run scaling of the fabric fit. Pure math and op bookkeeping; no process group."""
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from oresearcher import ops as O
+from oresearcher.backends.calibration import _OpLog, merge_inrun
+from oresearcher.calibrate import (FabricFit, compute_rate, device_doc, inrun_factor, jitter_cv, op_jitter_cv,
+                                   pooled_cv, scaled)
+from oresearcher.sim.hardware import DeviceProfile
+
+FIT = FabricFit(call_overhead_s=20e-6, base_latency_s=100e-6, hop_latency_s=10e-6, bandwidth_Bps=1e9)
+
+
+def test_pooled_cv_counts_a_persistently_slow_rank_as_spread():
+    assert pooled_cv([[1.0, 1.0], [1.0, 1.0]]) == 0.0
+    assert pooled_cv([[1.0, 1.0], [3.0, 3.0]]) == pytest.approx(0.5)  # std 1 around mean 2
+    assert pooled_cv([[2.0, 4.0]]) == pytest.approx(1 / 3)
+    assert pooled_cv([]) == 0.0
+
+
+@pytest.mark.parametrize("k", [1, 4, 9])
+def test_op_jitter_cv_of_equal_ops_scales_with_their_number(k):
+    # k equal, independent ops: the step's cv is c / sqrt(k)
+    assert op_jitter_cv(0.1, [[1e9] * k] * 3, rate=1e12, host_s=0.0) == pytest.approx(0.1 * math.sqrt(k))
+    assert op_jitter_cv(0.0, [[1e9] * k], rate=1e12, host_s=0.0) == 0.0
+    assert op_jitter_cv(0.1, [], rate=1e12, host_s=0.0) == 0.0
+
+
+@settings(max_examples=6, deadline=None)
+@given(st.lists(st.floats(1e6, 1e9), min_size=1, max_size=5), st.floats(0.02, 0.3), st.integers(0, 10**6))
+def test_op_jitter_cv_reproduces_the_step_spread_in_the_engine_model(flops, step_cv, seed):
+    """Draw each op's factor as the engine does; the simulated steps have the target cv."""
+    from oresearcher.sim.engine import lognormal_params
+
+    rate, host = 1e12, 5e-6
+    c = op_jitter_cv(step_cv, [flops], rate, host)
+    mu, sigma = lognormal_params(c)
+    d = np.array([f / rate + host for f in flops])
+    steps = (np.random.default_rng(seed).lognormal(mu, sigma, size=(20000, len(d))) * d).sum(axis=1)
+    assert steps.std() / steps.mean() == pytest.approx(step_cv, rel=0.1)
+
+
+def test_inrun_factor_and_scaled_fit():
+    rows = [{"kind": "AllReduce", "bytes": b, "time_s": 1.5 * FIT.predict("AllReduce", b, 2), "count": 3}
+            for b in (1e5, 1e6)]
+    f = inrun_factor(rows, 2, FIT)
+    assert f == pytest.approx(1.5)
+    s = scaled(FIT, f)
+    for b in (1e3, 1e6, 1e8):
+        assert s.predict("AllGather", b, 4) == pytest.approx(1.5 * FIT.predict("AllGather", b, 4))
+    assert inrun_factor([], 2, FIT) == 1.0
+    # weighted by instance count: geometric mean
+    rows2 = [dict(rows[0], time_s=2 * FIT.predict("AllReduce", 1e5, 2), count=1),
+             dict(rows[1], time_s=0.5 * FIT.predict("AllReduce", 1e6, 2), count=1)]
+    assert inrun_factor(rows2, 2, FIT) == pytest.approx(1.0)
+
+
+def test_merge_inrun_takes_the_last_arrival_and_averages_instances():
+    r0 = [("AllReduce", 400, 2, 0.010), ("AllGather", 800, 2, 0.002), ("AllReduce", 400, 2, 0.004)]
+    r1 = [("AllReduce", 400, 2, 0.003), ("AllGather", 800, 2, 0.005), ("AllReduce", 400, 2, 0.007)]
+    rows = merge_inrun([r0, r1], 2)
+    by = {(r["kind"], r["bytes"]): r for r in rows}
+    assert by["AllReduce", 400]["time_s"] == pytest.approx((0.003 + 0.004) / 2)
+    assert by["AllReduce", 400]["count"] == 2
+    assert by["AllGather", 800]["time_s"] == pytest.approx(0.002)
+    assert all(r["in_run"] and r["workload"] for r in rows)
+    # sequences that do not line up are not guessed at; subgroups and p2p are left out
+    assert merge_inrun([r0, r1[:2]], 2) == []
+    assert merge_inrun([r0, [r1[1], r1[0], r1[2]]], 2) == []
+    assert merge_inrun([[("AllReduce", 400, 2, 0.1)], [("AllReduce", 400, 2, 0.1)]], 4) == []
+    assert merge_inrun([[("Send", 400, 2, 0.1)], [("Recv", 400, 2, 0.1)]], 2) == []
+
+
+def test_oplog_notes_compute_flops_and_collective_sizes_per_step():
+    def prog():
+        yield O.Compute(flops=5.0)
+        yield O.AllGather(torch.ones(10))  # 40 bytes each, S = 80 gathered on 2 ranks
+        yield O.StepDone(0)
+        yield O.Compute(flops=7.0)
+        yield O.Compute(flops=1.0)
+        got = yield O.AllReduce(torch.ones(3))
+        assert got == "result"  # what the interpreter sends goes through the wrapper
+        yield O.StepDone(1)
+
+    log = _OpLog(2)
+    gen = log.wrap(prog())
+    op = next(gen)
+    while True:
+        try:
+            op = gen.send("result" if isinstance(op, O.AllReduce) else None)
+        except StopIteration:
+            break
+    assert log.flops[:2] == [[5.0], [7.0, 1.0]]
+    assert log.comms == [("AllGather", 80, 2, 0), ("AllReduce", 12, 2, 1)]
+
+
+def measured(**kw):
+    m = {"backend": "gloo", "world_size": 2, "flops_per_step": 1e9, "compute_step_s": 0.12,
+         "compute_step_s_mean": 0.10, "compute_ops_per_step": 2, "host_overhead_s": 0.0,
+         "step_seconds_per_rank": [[0.09, 0.11], [0.09, 0.11]], "op_flops": [[1e9, 0.0]]}
+    return {**m, **kw}
+
+
+def test_jitter_takes_the_mean_rank_rate_and_writes_a_loadable_cv():
+    m = measured()
+    assert compute_rate(m) == pytest.approx(1e9 / 0.12)  # steady ranks: the slowest sets the pace
+    assert compute_rate(m, jitter=True) == pytest.approx(1e10)  # jitter: the pace emerges
+    assert jitter_cv(m) == pytest.approx(0.1)  # one dominant op: the step's cv
+    doc = device_doc("cpu-cal", m, 8e9, jitter=True)
+    dev = DeviceProfile.model_validate(doc)
+    assert dev.compute_jitter_cv == pytest.approx(0.1)
+    assert "compute_jitter_cv" not in device_doc("cpu-cal", m, 8e9)  # off: the field is left out
