@@ -19,8 +19,8 @@ from oresearcher.sim.simulate import simulate
 
 CASES = [
     # name, overrides, target seconds
-    ("8 ranks x 10,000 steps", ["workload.model=gpt-125m", "training.steps=10000"], 10.0),
-    ("1,024 GPUs x 100 steps", ["workload.model=gpt-125m", "training.steps=100", "cluster.nodes=128",
+    ("8 ranks x 10,000 steps", ["workload.model=gpt-125m", "training.strategy=ddp", "training.steps=10000"], 10.0),
+    ("1,024 GPUs x 100 steps", ["workload.model=gpt-125m", "training.strategy=ddp", "training.steps=100", "cluster.nodes=128",
                                 "cluster.inter_node=hdr-ib", "cluster.nics_per_node=8", "agents.count=1024",
                                 "agents.roles=null", "workload.global_batch=8192"], 60.0),
 ]

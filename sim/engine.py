@@ -42,7 +42,7 @@ class CollectiveMismatch(RuntimeError):
 
 
 class _Instance:
-    __slots__ = ("kind", "ranks", "ops", "issued", "done", "results", "name")
+    __slots__ = ("kind", "ranks", "ops", "issued", "done", "results", "name", "sizes")
 
     def __init__(self, env, kind, ranks, name):
         self.kind, self.ranks, self.name = kind, ranks, name
@@ -90,26 +90,39 @@ class Engine:
 
     # -- rank process -------------------------------------------------------------
     def _rank(self, rank, gen):
-        env, tl = self.env, self.tl
+        env, tl, rate, host = self.env, self.tl, self.rate, self.host
         mu, sigma = self.jitter
         # one generator per rank: a rank's draws do not depend on how ranks interleave
         rng = np.random.default_rng([self.seed, rank]) if sigma > 0 else None
+        Compute, Collective = O.Compute, O.Collective
+        # Compute only touches this rank, so its time is owed lazily: consecutive Computes
+        # cost one SimPy event, paid before the rank next meets others (exactly the same
+        # times as one event each, far fewer events).
+        owed = 0.0
         val = None
         while True:
             try:
                 op = gen.send(val)
             except StopIteration:
+                if owed:
+                    yield env.timeout(owed)
                 return
             val = None
             self.ops_done += 1
-            if isinstance(op, O.Compute):
-                start = env.now
+            if type(op) is Compute:
                 if op.fn is not None:
                     val = op.fn(*op.args, **op.kwargs)
-                dur = op.flops / self.rate + self.host
-                yield env.timeout(dur * float(rng.lognormal(mu, sigma)) if rng is not None else dur)
-                tl.record(rank, "compute", op.name, start, env.now)
-            elif isinstance(op, O.Collective):
+                dur = op.flops / rate + host
+                if rng is not None:
+                    dur *= float(rng.lognormal(mu, sigma))
+                start = env.now + owed
+                owed += dur
+                tl.record(rank, "compute", op.name, start, start + dur)
+                continue
+            if owed:
+                yield env.timeout(owed)
+                owed = 0.0
+            if isinstance(op, Collective):
                 inst = self._arrive(rank, op, op.kind, *self._group(op.group))
                 if op.async_op:
                     val = O.Handle(op, inst)
@@ -175,15 +188,14 @@ class Engine:
             src, dst = inst.ranks
             return {src: None, dst: inst.ops[src].tensor.clone()}
         ordered = [inst.ops[r] for r in inst.ranks]
-        sizes = {O.payload_bytes(o) for o in ordered}
-        if len(sizes) > 1 and inst.kind != "AllGather":
-            raise CollectiveMismatch(f"{inst.kind} on {inst.ranks}: payload sizes differ {sorted(sizes)}")
+        if inst.kind != "AllGather" and len(inst.sizes) > 1:
+            raise CollectiveMismatch(f"{inst.kind} on {inst.ranks}: payload sizes differ {sorted(inst.sizes)}")
         return dict(zip(inst.ranks, O.collective_results(inst.kind, ordered, inst.ranks)))
 
     def _plan(self, inst):
         """Fixed cost, [(latency, routes, bytes)] per phase and bytes per rank; cached."""
         first = inst.ops[inst.ranks[0]]
-        nbytes = max(O.payload_bytes(o) for o in inst.ops.values())
+        nbytes = max(inst.sizes)
         root = getattr(first, "src", None) if inst.kind == "Broadcast" else None
         requested = getattr(first, "algorithm", None) or self.algorithm
         key = (inst.kind, inst.ranks, nbytes, root, requested)
@@ -206,6 +218,7 @@ class Engine:
         for r in inst.ranks:
             if inst.issued[r] < last:
                 self.tl.record(r, "peer_wait", inst.name, inst.issued[r], last)
+        inst.sizes = {O.payload_bytes(o) for o in inst.ops.values()}
         inst.results = self._results(inst)
         fixed, steps, wire, algo = self._plan(inst)
         if fixed:

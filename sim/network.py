@@ -54,13 +54,42 @@ def maxmin_rates(routes: Sequence[Sequence[int]], capacity: Sequence[float]) -> 
 
 
 class _Batch:
-    """Flows started together by one ``transfer`` call; done when all are."""
+    """Flows started together by one ``transfer`` call; done when all are.
 
-    __slots__ = ("routes", "remaining", "rates", "event", "key")
+    Symmetric collectives start equal-sized flows that get equal rates; such a batch
+    is *uniform* and keeps one remaining-bytes number for all its flows (``remaining``
+    a float, ``rate`` the common rate) instead of a list, which keeps 56-flow all-pairs
+    phases as cheap as one flow. It turns into per-flow lists the moment rates differ.
+    """
 
-    def __init__(self, routes, remaining, event, key):
-        self.routes, self.remaining, self.event, self.key = routes, remaining, event, key
-        self.rates = None
+    __slots__ = ("routes", "remaining", "rates", "rate", "event", "key")
+
+    def __init__(self, routes, nbytes, event, key):
+        self.routes, self.event, self.key = routes, event, key
+        first = nbytes[0]
+        self.remaining = float(first) if all(x == first for x in nbytes) else list(nbytes)
+        self.rates, self.rate = None, None
+
+    def set_rates(self, rates, common) -> float:
+        """Apply this batch's rates; returns the time until its next flow finishes."""
+        self.rates, self.rate = rates, common
+        if type(self.remaining) is float:
+            if common is not None:
+                return self.remaining / common
+            self.remaining = [self.remaining] * len(self.routes)
+        return min(x / r for x, r in zip(self.remaining, rates))
+
+    def advance(self, dt) -> None:
+        if type(self.remaining) is float:
+            self.remaining -= self.rate * dt
+        else:
+            self.remaining = [x - r * dt for x, r in zip(self.remaining, self.rates)]
+
+    def unfinished(self):
+        """[(route, remaining)] of the flows not yet done."""
+        if type(self.remaining) is float:
+            return [] if self.remaining <= self.rate * _DONE_S else None  # None: all left
+        return [(rt, x) for rt, x, r in zip(self.routes, self.remaining, self.rates) if x > r * _DONE_S]
 
 
 class FlowNetwork:
@@ -89,7 +118,7 @@ class FlowNetwork:
             return done
         self._advance()
         key = self._shape_ids.setdefault(routes, len(self._shape_ids))
-        self._batches.append(_Batch(routes, list(nbytes), done, key))
+        self._batches.append(_Batch(routes, nbytes, done, key))
         self._reschedule()
         return done
 
@@ -101,7 +130,7 @@ class FlowNetwork:
         dt = self.env.now - self._last
         if dt > 0:
             for b in self._batches:
-                b.remaining = [x - r * dt for x, r in zip(b.remaining, b.rates)]
+                b.advance(dt)
         self._last = self.env.now
 
     def _reschedule(self) -> None:
@@ -114,15 +143,15 @@ class FlowNetwork:
             flat = maxmin_rates([r for b in self._batches for r in b.routes], self.capacity)
             per_batch, i = [], 0
             for b in self._batches:
-                per_batch.append(flat[i:i + len(b.routes)])
+                rates = flat[i:i + len(b.routes)]
+                per_batch.append((rates, rates[0] if all(r == rates[0] for r in rates) else None))
                 i += len(b.routes)
             if len(self._rates) > 4096:
                 self._rates.clear()
             self._rates[key] = per_batch
         dt = float("inf")
-        for b, rates in zip(self._batches, per_batch):
-            b.rates = rates
-            dt = min(dt, min(x / r for x, r in zip(b.remaining, rates)))
+        for b, (rates, common) in zip(self._batches, per_batch):
+            dt = min(dt, b.set_rates(rates, common))
         version = self._version
         ev = self.env.timeout(max(dt, 0.0))
         ev.callbacks.append(lambda _e, v=version: self._on_timer(v))
@@ -133,7 +162,10 @@ class FlowNetwork:
         self._advance()
         keep = []
         for b in self._batches:
-            left = [(rt, x) for rt, x, r in zip(b.routes, b.remaining, b.rates) if x > r * _DONE_S]
+            left = b.unfinished()
+            if left is None:  # uniform and not done
+                keep.append(b)
+                continue
             if not left:
                 b.event.succeed()
                 continue

@@ -44,7 +44,10 @@ class ShapeLearner:
         return {}
 
     def grad_buckets(self) -> list[torch.Tensor]:
-        return [torch.empty(n, dtype=self.dtype, device="meta") for n in self.buckets]
+        # meta tensors hold no data: the same ones serve every step
+        if not hasattr(self, "_meta_buckets"):
+            self._meta_buckets = [torch.empty(n, dtype=self.dtype, device="meta") for n in self.buckets]
+        return list(self._meta_buckets)
 
     def apply_grads(self, buckets: list[torch.Tensor]) -> None:
         pass
