@@ -20,6 +20,11 @@ The weights follow a schedule over training progress p in [0, 1]: more novelty e
 (linear: g = p; cosine: g = (1 - cos(pi p)) / 2; constant: g = 1/2); what novelty gains
 or loses is taken from or given to the other two terms in proportion to their weights,
 so the weights always add up to the same total.
+
+In supervised tasks the same scheduled weights also shape the training loss
+(:func:`shaped_loss`): the loss is the negated reward with differentiable stand-ins for
+its terms (cross-entropy for the task metric, total variation to the peers' mean
+prediction for novelty, confident wrong-answer mass for the safety rule).
 """
 from __future__ import annotations
 
@@ -59,7 +64,8 @@ def scheduled_weights(weights: Sequence[float], progress: float, schedule: str =
     new_nov = w_nov * (1.0 + novelty_boost * (1.0 - 2.0 * ramp(progress, schedule)))
     new_nov = min(new_nov, w_nov + rest)  # never drive another weight below zero
     give = w_nov - new_nov  # what the other two terms receive (negative: they pay)
-    return w_base + give * w_base / rest, new_nov, w_safe + give * w_safe / rest
+    # shares first: give * w / rest underflows to 0 when rest is subnormal, losing weight
+    return w_base + give * (w_base / rest), new_nov, w_safe + give * (w_safe / rest)
 
 
 def reward(task: torch.Tensor, novelty: torch.Tensor, safety: torch.Tensor,
@@ -77,6 +83,57 @@ def tv_novelty(probs: torch.Tensor, ensemble: torch.Tensor) -> torch.Tensor:
 def count_novelty(counts: torch.Tensor) -> torch.Tensor:
     """Count-based state novelty 1 / sqrt(1 + n) in (0, 1] for visit counts ``n``."""
     return (1.0 + counts.to(torch.float32)).rsqrt()
+
+
+def loss_coefficients(weights: Sequence[float]) -> tuple[float, float]:
+    """(lambda_novelty, lambda_safety) of :func:`shaped_loss` for reward weights (w_b, w_n, w_s).
+
+    The weights are divided by w_base so cross-entropy keeps unit weight (the learning
+    rate means what it meant without shaping), and each ratio is capped at 1 so the task
+    term stays the dominant one: lambda = min(1, w / w_base) (1 if w_base = 0 and w > 0).
+    """
+    w_base, w_nov, w_safe = (float(w) for w in weights)
+    ratio = lambda w: 0.0 if w <= 0.0 else (1.0 if w_base <= 0.0 else min(1.0, w / w_base))  # noqa: E731
+    return ratio(w_nov), ratio(w_safe)
+
+
+def soft_overconfident_error(probs: torch.Tensor, labels: torch.Tensor, threshold: float = 0.9) -> torch.Tensor:
+    """Differentiable stand-in for :func:`overconfident_error_safety`, in [0, 1].
+
+    Mean over the batch of ``relu(max_{c != y} p_c - threshold) / (1 - threshold)``: the
+    probability a wrong class holds beyond the rule's confidence threshold. It is > 0 on
+    exactly the samples the rule calls unsafe (a wrong class above the threshold is the
+    argmax), and 0 elsewhere.
+    """
+    wrong = probs.masked_fill(torch.nn.functional.one_hot(labels, probs.shape[-1]).bool(), 0.0)
+    return ((wrong.max(-1).values - threshold).clamp(min=0.0) / (1.0 - threshold)).mean()
+
+
+def shaped_loss(logits: torch.Tensor, labels: torch.Tensor, peer_probs: torch.Tensor | None,
+                weights: Sequence[float] | None) -> torch.Tensor:
+    """Loss of one supervised agent: the negated reward, with differentiable terms.
+
+        L = CE(p, y) - lambda_n * TV(p, p_bar) + lambda_s * S(p, y)
+
+    p = softmax(logits); p_bar ([B, C], no gradient) the mean prediction of the frozen peer
+    ensemble on the same batch; TV as in :func:`tv_novelty`; S :func:`soft_overconfident_error`;
+    lambdas from :func:`loss_coefficients` of the scheduled weights. Rewarding disagreement
+    with the others' ensemble is negative correlation learning (Liu & Yao, "Ensemble
+    learning via negative correlation", Neural Networks 1999). Without peers (no fusion
+    round yet, one agent, shaping switched off) or weights, or with zero novelty and safety
+    weights, it is plain cross-entropy.
+    """
+    ce = torch.nn.functional.cross_entropy(logits, labels)
+    if weights is None or peer_probs is None:
+        return ce
+    lam_n, lam_s = loss_coefficients(weights)
+    probs = logits.float().softmax(-1) if lam_n or lam_s else None
+    loss = ce
+    if lam_n:
+        loss = loss - lam_n * tv_novelty(probs, peer_probs.float()).to(ce.dtype)
+    if lam_s:
+        loss = loss + lam_s * soft_overconfident_error(probs, labels).to(ce.dtype)
+    return loss
 
 
 # ---- safety rules: name -> fn(**evidence) -> score in [0, 1] -------------------------

@@ -164,6 +164,9 @@ class RewardSpec(Strict):
 
     schedule: Literal["constant", "linear", "cosine"] = Field("cosine", description="novelty-weight schedule")
     novelty_boost: float = Field(0.5, ge=0, le=1, description="novelty weight is x(1+b) at the start, x(1-b) at the end")
+    shape_loss: bool = Field(True, description="supervised tasks: the scheduled reward also shapes the training "
+                             "loss (disagreement with the peer ensemble, soft safety rule); RL tasks always "
+                             "optimise the shaped return")
 
 
 class AllocationSpec(Strict):

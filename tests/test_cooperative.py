@@ -210,6 +210,7 @@ def test_gloo_end_to_end(tmp_path):
     ("cooperation.rewards.schedule=exp", "cooperation.rewards.schedule"),
     ("cooperation.roles.exploit_fraction=0.7", "cooperation.roles.exploit_fraction"),
     ("cooperation.fusion.colour=red", "cooperation.fusion.colour"),
+    ("cooperation.rewards.shape_loss=sometimes", "cooperation.rewards.shape_loss"),
 ])
 def test_cooperation_fields_are_validated(override, field):
     from oresearcher.errors import UserError
@@ -224,3 +225,28 @@ def test_cooperation_fields_are_documented():
     for section in CooperationSpec.model_fields.values():
         for name, f in section.annotation.model_fields.items():
             assert f.description, f"cooperation field {name} has no description"
+
+
+def test_reward_shapes_the_digits_loss_and_peer_passes_are_charged():
+    ops_on, ops_off = [], []
+    on, l_on = _run(_scenario("training.steps=12", "cooperation.roles.optimizer_method=swa"), wrap=_recorder(ops_on))
+    off, l_off = _run(_scenario("training.steps=12", "cooperation.roles.optimizer_method=swa",
+                                "cooperation.rewards.shape_loss=false"), wrap=_recorder(ops_off))
+    base = l_off[0].base_fwd_flops + l_off[0].bwd_flops
+    assert {f for _, _, name, f in ops_off if name == "fwd_bwd"} == {base}
+    assert all(l.peers == [] and l.reward_weights is not None for l in l_off)
+    # round 0 has no snapshot yet: plain CE, the same run as without shaping
+    r0 = lambda steps: [s.metrics["loss"] for s in steps[0] if s.metrics.get("round") == 0]  # noqa: E731
+    assert len(r0(on)) >= 5 and r0(on) == r0(off)
+    # then each step also runs the 3 peers (same mlp): 3 more forward passes charged
+    later = {f for _, r, name, f in ops_on if name == "fwd_bwd" and r >= 1}
+    assert later == {base + 3 * l_on[0].base_fwd_flops}
+    assert all(len(l.peers) == 3 for l in l_on)
+    assert not torch.equal(l_on[0].flat_params(), l_off[0].flat_params())
+
+
+def test_one_agent_trains_as_without_shaping():
+    runs = [_run(_scenario("training.steps=12", "agents.count=1", "agents.roles=null", f"cooperation.rewards.shape_loss={v}"))
+            for v in ("true", "false")]
+    assert torch.equal(runs[0][1][0].flat_params(), runs[1][1][0].flat_params())
+    assert runs[0][1][0].peers == []

@@ -37,7 +37,9 @@ rank's StepDone counter, the next round's planned steps) and the codec.
 What the program asks of a learner beyond the Learner interface (all optional; shape
 mode and foreign tasks fall back to training-loss scores): ``evaluate_params(flat, arch)``
 -> dict(metric in [0, 1], loss, calibration, safety, probs, flops), ``arch_numel(arch)``,
-``set_exploration(scale)``, ``set_reward_weights(w)``; and for SAM and per-agent learning
+``set_exploration(scale)``, ``set_reward_weights(w)``, ``set_peers([(arch, flat)])`` (the
+other healthy agents' gathered parameters, for a reward-shaped loss; only with
+``cooperation.rewards.shape_loss``); and for SAM and per-agent learning
 rates the TorchLearner attributes ``module``, ``loss_fn``, ``batches``, ``optimizer``.
 """
 from __future__ import annotations
@@ -338,6 +340,9 @@ def _round_end(ctx, learner, st, alloc, outer, swa, ids, pad_to, losses, progres
         steps, _ = alloc.plan([0.0] * n, units, [step_cost(r, cfg.roles.optimizer_method) for r in st.roles]) if units else ([], None)
         return {}, steps
     rel, rew = round_rewards(pub, weights)
+    if cfg.rewards.shape_loss and hasattr(learner, "set_peers"):  # the peer ensemble of the shaped loss
+        peers = [(ids[j], flats[j]) for j in range(n) if j != rank and not bool(pub.excluded[j])]
+        yield Compute(learner.set_peers, peers, name="peer_snapshot")
     st.rewards.append([float(x) for x in rew])
     healthy_losses = (pub.columns["loss"] if pub.columns else pub.train_loss)[~pub.excluded]
     st.val_losses.append(float(healthy_losses.min()) if healthy_losses.numel() else float("nan"))

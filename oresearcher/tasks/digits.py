@@ -17,6 +17,15 @@ scenario seed and rank) and by the hyperparameters the program gives them. Each 
 draws its batches (``workload.global_batch / agents.count`` samples) from the whole
 training set in its own order: statistically the same as sharding it.
 
+Reward-shaped loss (cooperative program, ``cooperation.rewards.shape_loss``): after each
+fusion round's parameter all-gather the program hands the agent a frozen snapshot of the
+other (healthy) agents' parameters (``set_peers``) and the scheduled reward weights
+(``set_reward_weights``); its local steps then minimise
+:func:`oresearcher.rewards.shaped_loss` against the peers' mean prediction on the same
+batch. Each peer forward pass is charged: ``fwd_flops`` grows by the measured forward
+FLOPs of each peer's architecture on one batch. No snapshot (first round, one agent,
+shaping off): plain cross-entropy.
+
 Usage: ``make_learner(scenario, rank, mode="numeric")``.
 """
 from __future__ import annotations
@@ -27,10 +36,11 @@ import zlib
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.func import functional_call
 
 from ..errors import UserError
 from ..programs.learner import DTYPES, TorchLearner
-from ..rewards import overconfident_error_safety
+from ..rewards import overconfident_error_safety, shaped_loss
 from ..workloads import measure_module
 
 N_CLASSES = 10
@@ -137,19 +147,68 @@ class DigitsLearner(TorchLearner):
         fwd, bwd, _ = measure_module(module, (X[:batch].to(dtype),), lambda out: F.cross_entropy(out, y[:batch]))
         module.to(self.device)
         super().__init__(module, opt, ShuffledBatches(X.to(self.device, dtype), y.to(self.device), batch,
-                                               seed * 1000 + rank), _loss,
+                                               seed * 1000 + rank), self._shaped_loss,
                          fwd_flops=fwd, bwd_flops=bwd, bucket_bytes=bucket_bytes)
         self.arch, self.dtype_, self._scratch = arch, dtype, {}
+        self.base_fwd_flops, self._x_probe, self._peer_fwd = float(fwd), X[:batch].to(self.device, dtype), {}
+        self.reward_weights, self.peers, self._peer_params = None, [], []
         Xv = splits["val"][0].to(self.device, dtype)
         self.eval_flops = float(measure_module(self._module_for(arch), (Xv,), lambda o: o.sum())[0])
 
     def state_dict(self) -> dict:
-        return {**super().state_dict(), "data": self.batches.state_dict()}
+        return {**super().state_dict(), "data": self.batches.state_dict(),
+                "peers": [{"arch": a, "flat": f} for a, f in self.peers]}
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         if "data" in state:  # checkpoints from before the data stream was saved lack it
             self.batches.load_state_dict(state["data"])
+        self.set_peers([(p["arch"], p["flat"]) for p in state.get("peers", [])])
+
+    # ---- the reward-shaped loss -----------------------------------------------------
+
+    def set_reward_weights(self, weights) -> None:
+        """Scheduled (w_base, w_novelty, w_safety) for the next local steps (None: plain CE)."""
+        self.reward_weights = None if weights is None else tuple(float(w) for w in weights)
+
+    def set_peers(self, peers) -> None:
+        """Freeze the peer ensemble: ``[(arch, flat params)]`` of the other agents, taken
+        from the all-gather every rank received (so every backend builds the same one).
+        Non-finite snapshots are dropped. Re-measures ``fwd_flops``: own pass + one per peer."""
+        self.peers, self._peer_params = [], []
+        with torch.random.fork_rng(devices=[]):  # building a template draws init weights
+            for arch, flat in peers:
+                module = self._module_for(arch)
+                flat = flat.reshape(-1)[: self.arch_numel(arch)].detach().to(self.device, self.dtype_).clone()
+                if not bool(torch.isfinite(flat).all()):
+                    continue
+                shapes = [(name, p.shape, p.numel()) for name, p in module.named_parameters()]
+                chunks = flat.split([n for _, _, n in shapes])
+                self.peers.append((arch, flat))
+                self._peer_params.append((arch, {name: c.view(shape) for (name, shape, _), c in zip(shapes, chunks)}))
+        self.fwd_flops = self.base_fwd_flops + sum(self._arch_fwd_flops(a) for a, _ in self.peers)
+
+    def _arch_fwd_flops(self, arch: str) -> float:
+        """Forward FLOPs of one ``arch`` model on one training batch (torch's counter)."""
+        if arch not in self._peer_fwd:
+            self._peer_fwd[arch] = float(measure_module(self._module_for(arch), (self._x_probe,),
+                                                        lambda o: o.sum())[0])
+        return self._peer_fwd[arch]
+
+    def peer_probs(self, x: torch.Tensor) -> torch.Tensor | None:
+        """Mean predicted distribution of the frozen peers on ``x`` ([B, 10]); None without peers."""
+        if not self._peer_params:
+            return None
+        with torch.no_grad():
+            probs = [functional_call(self._module_for(a), params, (x,)).float().softmax(-1)
+                     for a, params in self._peer_params]
+        return torch.stack(probs).mean(0)
+
+    def _shaped_loss(self, module, batch):
+        x, y = batch
+        if self.reward_weights is None or not self._peer_params:
+            return _loss(module, batch)
+        return shaped_loss(module(x), y, self.peer_probs(x), self.reward_weights)
 
     def arch_numel(self, arch: str) -> int:
         return sum(p.numel() for p in self._module_for(arch).parameters())

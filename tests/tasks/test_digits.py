@@ -8,6 +8,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from oresearcher.errors import UserError
 from oresearcher.scenario import Scenario
 from oresearcher.tasks import make_learner
+from oresearcher.rewards import shaped_loss
 from oresearcher.tasks.digits import MODELS, build_model, expected_calibration_error, load_splits
 
 
@@ -83,3 +84,39 @@ def test_user_errors():
         make_learner(_scenario(model="gpt-1.3b"), 0, mode="numeric")
     with pytest.raises(UserError, match="numeric or real"):
         make_learner(_scenario(), 0, mode="shape")
+
+
+def _fwd_flops(arch, x):
+    with FlopCounterMode(display=False) as fc:
+        build_model(arch)(x)
+    return fc.get_total_flops()
+
+
+def test_shaped_loss_uses_the_frozen_peers_and_charges_their_passes():
+    sc = _scenario()
+    learner = make_learner(sc, 0, mode="numeric")
+    base = learner.fwd_flops
+    x, y = load_splits()["train"][0][:16], load_splits()["train"][1][:16]
+    ce = torch.nn.functional.cross_entropy(learner.module(x), y).detach()
+    learner.set_reward_weights((0.5, 0.3, 0.2))
+    assert torch.equal(learner.loss_fn(learner.module, (x, y)).detach(), ce)  # no snapshot yet: plain CE
+    torch.manual_seed(5)
+    peers = [build_model("mlp"), build_model("cnn")]
+    flats = [torch.nn.utils.parameters_to_vector(m.parameters()).detach() for m in peers]
+    learner.set_peers([("mlp", flats[0]), ("cnn", torch.cat([flats[1], torch.zeros(7)])),  # zero-padded gather
+                       ("mlp", torch.full_like(flats[0], float("nan")))])  # a diverged peer is dropped
+    assert [a for a, _ in learner.peers] == ["mlp", "cnn"]
+    assert learner.fwd_flops == base + _fwd_flops("mlp", x) + _fwd_flops("cnn", x)
+    with torch.no_grad():
+        p_bar = (peers[0](x).softmax(-1) + peers[1](x).softmax(-1)) / 2
+    got = learner.loss_fn(learner.module, (x, y)).detach()
+    assert float(got) == pytest.approx(float(shaped_loss(learner.module(x), y, p_bar, (0.5, 0.3, 0.2)).detach()), rel=1e-6)
+    assert float(got) != pytest.approx(float(ce))
+    # the snapshot is part of the learner's checkpoint
+    other = make_learner(sc, 0, mode="numeric")
+    other.load_state_dict(learner.state_dict())
+    other.set_reward_weights((0.5, 0.3, 0.2))
+    assert other.fwd_flops == learner.fwd_flops
+    assert torch.equal(other.loss_fn(other.module, (x, y)).detach(), got)
+    learner.set_peers([])
+    assert learner.fwd_flops == base and torch.equal(learner.loss_fn(learner.module, (x, y)).detach(), ce)
