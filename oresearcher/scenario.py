@@ -108,6 +108,14 @@ class CommunicationSpec(Strict):
     overlap: bool = Field(True, description="overlap bucketed communication with backward compute")
     algorithm: Literal[ALGORITHMS] = Field("auto", description="collective algorithm; auto picks the fastest")
 
+    @field_validator("codec")
+    @classmethod
+    def _codec_spec(cls, spec):
+        from .codecs import build  # the codec library is the one authority on spec strings
+
+        build(spec)  # ValueError names the bad part
+        return spec
+
     @property
     def bucket_bytes(self) -> int:
         return int(self.bucket_size_MB * MB)
@@ -217,13 +225,13 @@ class Scenario(Strict):
         return self.model_dump(mode="json")
 
 
-def parse_override(text: str) -> tuple[list[str], Any]:
+def parse_override(text: str, flag: str = "--set") -> tuple[list[str], Any]:
     """``"a.b.c=value"`` -> (["a","b","c"], value parsed as YAML)."""
     if "=" not in text:
-        raise UserError(f"--set {text!r}: expected path.to.field=value")
+        raise UserError(f"{flag} {text!r}: expected path.to.field=value")
     path, raw = text.split("=", 1)
     if not path.strip():
-        raise UserError(f"--set {text!r}: empty field path")
+        raise UserError(f"{flag} {text!r}: empty field path")
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError:

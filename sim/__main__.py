@@ -81,7 +81,7 @@ def cmd_simulate(args) -> int:
 
 
 def cmd_sweep(args) -> int:
-    keys, values = parse_override(args.sweep)
+    keys, values = parse_override(args.sweep, "--sweep")
     field = ".".join(keys)
     values = values if isinstance(values, list) else [values]
     raw = args.sweep.split("=", 1)[1].split(",")

@@ -79,7 +79,7 @@ class LMLearner(TorchLearner):
 def make_learner(scenario, rank: int, *, mode: str, device="cpu"):
     w, comm = scenario.workload, scenario.communication
     if w.model not in PRESETS:
-        raise ValueError(f"unknown model preset {w.model!r}; known: {', '.join(PRESETS)}")
+        raise ValueError(f"workload.model: unknown model preset {w.model!r}; known: {', '.join(PRESETS)}")
     mb = micro_batch(scenario)
     cost = measure_lm(w.model, mb, w.seq_len, w.dtype, w.activation_checkpointing)
     if mode == "shape":

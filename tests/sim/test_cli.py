@@ -59,6 +59,8 @@ BASE = "cluster: {nodes: 1, gpus_per_node: 4, device: cpu-local, intra_node: loo
     (BASE.replace("count: 4", "count: 9"), "agents"),
     (BASE.replace("cpu-local", "Z80"), "cluster.device"),
     (BASE.replace("loopback", "carrier-pigeon"), "cluster.intra_node"),
+    (BASE + "communication: {codec: int9}\n", "communication.codec"),
+    (BASE + "workload: {model: gpt-9000}\n", "workload.model"),
 ])
 def test_bad_scenarios_give_one_line_and_exit_2(tmp_path, capsys, text, needle):
     path = _write(tmp_path, text)
