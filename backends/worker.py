@@ -31,7 +31,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from oresearcher.errors import UserError
+from oresearcher.errors import UserError, cli_main
 from oresearcher.programs import AgentContext, get_program
 from oresearcher.programs.learner import DTYPES
 from oresearcher.report import Span, Timeline, summarize, write_json
@@ -206,6 +206,15 @@ def finish_rank(code: int) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def entry_point(main) -> None:
+    """``sys.exit(cli_main(main))`` for entry points that also run as rank processes:
+    a rank (``RANK`` set by our launcher or torchrun) leaves through :func:`finish_rank`."""
+    code = cli_main(main)
+    if os.environ.get("RANK") is not None:
+        finish_rank(code)
+    sys.exit(code)
 
 
 def _train(scenario, opts: RunOptions, rank, world, device, store, prefix, monitor) -> int:

@@ -43,7 +43,6 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-import torch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = {"digits": ROOT / "scenarios" / "digits-4.yaml", "cartpole": ROOT / "scenarios" / "cartpole-4.yaml"}

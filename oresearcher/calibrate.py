@@ -58,7 +58,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from .errors import UserError, cli_main
+from .errors import UserError
 from .scenario import load_raw, load_scenario
 
 log = logging.getLogger("oresearcher.calibrate")
@@ -363,9 +363,6 @@ def _launch(args, argv, world: int) -> int:
 
 
 if __name__ == "__main__":
-    code = cli_main(main)
-    if os.environ.get("RANK") is not None:  # a rank process: leave without C++ teardown
-        from oresearcher.backends.worker import finish_rank
+    from oresearcher.backends.worker import entry_point
 
-        finish_rank(code)
-    sys.exit(code)
+    entry_point(main)

@@ -21,7 +21,7 @@ from rich.table import Table
 
 from oresearcher import plots
 from oresearcher.console import console, fmt_bytes, fmt_ms, print_report
-from oresearcher.errors import UserError, cli_main
+from oresearcher.errors import cli_main
 from oresearcher.report import write_json
 from oresearcher.scenario import load_scenario, parse_override
 from oresearcher.trace import write_trace

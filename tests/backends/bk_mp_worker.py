@@ -6,7 +6,6 @@ save this rank's results and timeline figures to OUT/rank-<r>.pt.
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
 import torch

@@ -5,7 +5,6 @@ so the CLI can build it with ``--learner tests.backends.tiny:make_learner``.
 """
 from __future__ import annotations
 
-import itertools
 import os
 import time
 

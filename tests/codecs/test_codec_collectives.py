@@ -1,5 +1,4 @@
 """Compressed collectives run by the reference interpreter at world sizes 2, 3, 4, 8."""
-import math
 
 import numpy as np
 import pytest
