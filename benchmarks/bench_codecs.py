@@ -141,21 +141,30 @@ def _train(spec, n=4, epochs=25, batch=64, lr=0.1, seed=0):
 
 
 def accuracy_table(specs=("none", "int8", "int8:stochastic", "ef(int8)", "topk:0.01", "ef(topk:0.01)",
-                          "ef(topk:0.01+int8)")):
-    print("\n5. digits MLP, 4 agents, gradients via two-phase all-reduce; test accuracy (397 samples)")
-    base = None
+                          "ef(topk:0.01+int8)"), seeds=(0,)):
+    """Accuracy per codec, and its paired difference from "none" (same seed, same batches)."""
+    print(f"\n5. digits MLP, 4 agents, gradients via two-phase all-reduce; test accuracy (397 samples), "
+          f"seeds {list(seeds)}: mean +- std")
+    base = {s: _train("none", seed=s) for s in seeds}
     for spec in specs:
-        acc = _train(spec)
-        base = acc if base is None else base
-        print(f"   {spec:32s}{acc:8.2f}%{acc - base:+8.2f} points", flush=True)
+        accs = [base[s] if spec == "none" else _train(spec, seed=s) for s in seeds]
+        diffs = [a - base[s] for a, s in zip(accs, seeds)]
+        sd = statistics.stdev(diffs) if len(diffs) > 1 else 0.0
+        print(f"   {spec:32s}{statistics.mean(accs):8.2f}%{statistics.mean(diffs):+8.2f} +- {sd:.2f} points",
+              flush=True)
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="1M elements only")
     ap.add_argument("--repeats", type=int, default=7)
-    ap.add_argument("--accuracy", action="store_true", help="also train the digits MLP with each codec (~1 min)")
+    ap.add_argument("--accuracy", action="store_true", help="also train the digits MLP with each codec (~1 min a seed)")
+    ap.add_argument("--seeds", type=int, default=1, help="seeds for --accuracy (paired against 'none')")
+    ap.add_argument("--accuracy-only", action="store_true", help="skip the speed and bytes tables")
     args = ap.parse_args(argv)
+    if args.accuracy_only:
+        accuracy_table(seeds=range(args.seeds))
+        return
     sizes = [1_000_000] if args.quick else [1_000_000, 25_000_000]
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s), CPU capability "
           f"{torch.backends.cpu.get_cpu_capability()}")
@@ -164,7 +173,7 @@ def main(argv=None):
     wire_table(25_000_000)
     tradeoff_table(25_000_000)
     if args.accuracy:
-        accuracy_table()
+        accuracy_table(seeds=range(args.seeds))
 
 
 if __name__ == "__main__":
