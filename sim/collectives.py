@@ -235,7 +235,7 @@ def choose_algorithm(kind: str, ranks: tuple, nbytes: float, topo, requested: st
     """``requested`` if it applies, else the fastest supported algorithm on an idle network."""
     if requested != "auto":
         return requested if requested in _SUPPORTED[kind] else _SUPPORTED[kind][0]
-    memo = topo.__dict__.setdefault("_auto_memo", {})
+    memo = topo._auto
     key = (kind, ranks, float(nbytes))
     best = memo.get(key)
     if best is None:

@@ -30,6 +30,7 @@ class Topology:
     capacity: list = field(default_factory=list)  # bytes/s per link
     names: list = field(default_factory=list)
     _routes: dict = field(default_factory=dict)
+    _auto: dict = field(default_factory=dict)  # (kind, ranks, bytes) -> algorithm 'auto' chose
 
     def __post_init__(self):
         g = self.gpus_per_node
