@@ -109,3 +109,16 @@ def run_programs(programs: Sequence[Generator]) -> list[list[O.StepDone]]:
         if not progress:
             raise Deadlock(f"no rank can proceed; blocked: {[b and b[0] for b in blocked]}")
     return steps
+
+
+def tap(gen: Generator, on_op) -> Generator:
+    """Pass ``gen``'s ops through unchanged, calling ``on_op(op)`` on each before it is
+    yielded; returns ``gen``'s return value. Tests use it to log or snapshot programs."""
+    value = None
+    while True:
+        try:
+            op = gen.send(value)
+        except StopIteration as stop:
+            return stop.value
+        on_op(op)
+        value = yield op

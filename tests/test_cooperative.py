@@ -21,7 +21,7 @@ from oresearcher.programs.cooperative import arch_group, initial_lr_mult, round_
 from oresearcher.programs.learner import ShapeLearner
 from oresearcher.scenario import load_scenario
 from oresearcher.tasks import make_learner
-from oresearcher.testing import run_programs
+from oresearcher.testing import run_programs, tap
 
 ROOT = Path(__file__).resolve().parents[1]
 DIGITS = ROOT / "scenarios" / "digits-4.yaml"
@@ -52,17 +52,15 @@ def test_helpers():
 
 def _recorder(log):
     def wrap(rank, gen):
-        val, rnd = None, 0
-        while True:
-            try:
-                op = gen.send(val)
-            except StopIteration as stop:
-                return stop.value
+        rnd = 0
+
+        def on_op(op):
+            nonlocal rnd
             if isinstance(op, O.Compute):
                 log.append((rank, rnd, op.name, op.flops))
             if isinstance(op, O.StepDone) and "reward" in op.metrics:
                 rnd += 1
-            val = yield op
+        return (yield from tap(gen, on_op))
     return wrap
 
 

@@ -19,7 +19,7 @@ from oresearcher.programs.cooperative import GroupState, LoopState
 from oresearcher.scenario import load_scenario
 from oresearcher.tasks import make_learner
 from oresearcher.tasks.digits import ShuffledBatches
-from oresearcher.testing import run_programs
+from oresearcher.testing import run_programs, tap
 
 DIGITS = Path(__file__).resolve().parents[1] / "scenarios" / "digits-4.yaml"
 
@@ -33,18 +33,13 @@ def roundtrip(obj):
 
 def _snapshotting(gen, ctx, learner, target, out):
     """Pass ``gen``'s ops through; at the StepDone marked ``target`` save the agent."""
-    value = None
-    while True:
-        try:
-            op = gen.send(value)
-        except StopIteration as stop:
-            return stop.value
+    def on_op(op):
         if isinstance(op, O.StepDone):
             if ctx.boundary == target:
                 out[ctx.rank] = roundtrip({"learner": learner.state_dict(),
                                            "states": {k: v.state_dict() for k, v in ctx.state.items()}})
             ctx.boundary = None
-        value = yield op
+    return (yield from tap(gen, on_op))
 
 
 def _run(sc, target=None, saved=None):

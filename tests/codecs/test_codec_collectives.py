@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from codec_ref import INT8_ABS, INT8_SLACK, examples, t32
 from oresearcher import ops as O
 from oresearcher.codecs import allgather_exchange, build, collective_wire_bytes_per_rank, two_phase_allreduce
-from oresearcher.testing import run_programs
+from oresearcher.testing import run_programs, tap
 
 WORLDS = [2, 3, 4, 8]
 SPECS = ["none", "int8", "int8:stochastic", "fp16", "topk:0.1", "topk:0.1+int8", "randk:0.2", "ef(topk:0.1+int8)"]
@@ -17,14 +17,7 @@ SPECS = ["none", "int8", "int8:stochastic", "fp16", "topk:0.1", "topk:0.1+int8",
 
 def _recorded(gen, log):
     """Pass ``gen``'s ops through, logging them; returns its return value."""
-    send = None
-    while True:
-        try:
-            op = gen.send(send)
-        except StopIteration as stop:
-            return stop.value
-        log.append(op)
-        send = yield op
+    return (yield from tap(gen, log.append))
 
 
 def run(scheme, codecs, xs, group=None, world=None, **kw):
