@@ -36,44 +36,18 @@ import torch.distributed as dist
 
 from oresearcher import ops as O
 from oresearcher.report import Span, Timeline
+from oresearcher.sim.collectives import wire_bytes_per_rank
 
 log = logging.getLogger(__name__)
 
 _REDUCE = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
 
 
-def ring_wire_bytes(kind: str, nbytes: int, n: int) -> int:
-    """Bytes one rank sends for a collective on ``n`` ranks, ring algorithms.
-
-    ``nbytes`` is this rank's payload (:func:`oresearcher.ops.payload_bytes`): the
-    full input of AllReduce/ReduceScatter/Broadcast, the local part of AllGather, the sum
-    of the outgoing tensors of AllToAll. Ring all-reduce sends 2(n-1)/n of the buffer
-    (reduce-scatter then all-gather: Patarasuk & Yuan, 2009); all-gather sends the n-1
-    foreign parts on; a pipelined broadcast is charged (n-1)/n of the buffer per rank.
-    """
-    if n <= 1 or kind == "Barrier":
-        return 0
-    if kind == "AllReduce":
-        return 2 * (n - 1) * nbytes // n
-    if kind in ("ReduceScatter", "AllToAll", "Broadcast"):
-        return (n - 1) * nbytes // n
-    if kind == "AllGather":
-        return (n - 1) * nbytes
-    if kind == "Send":
-        return nbytes
-    return 0
-
-
 @functools.lru_cache(maxsize=4096)
 def wire_bytes(kind: str, algorithm: str, nbytes: int, n: int) -> int:
-    """The simulator's formula when it is installed (one definition), else ring."""
-    if n <= 1:
-        return 0
-    try:
-        from oresearcher.sim.collectives import wire_bytes_per_rank
-    except ImportError:
-        return ring_wire_bytes(kind, nbytes, n)
-    return int(wire_bytes_per_rank(kind, algorithm, nbytes, n))
+    """Bytes one rank sends: the simulator's formula, so prediction and measurement
+    count wire bytes by one definition (``nbytes`` as :func:`oresearcher.ops.payload_bytes`)."""
+    return int(wire_bytes_per_rank(kind, algorithm, nbytes, n)) if n > 1 else 0
 
 
 class Groups:
@@ -140,7 +114,6 @@ class Interpreter:
         self._native_avg = backend == "nccl"
         self._step_start = None
         self._acc = _fresh_acc()
-        wire_bytes("AllReduce", "ring", 0, 2)  # import the formula now, not inside the first timed op
 
     # ---- driving the program -------------------------------------------------------
     def run(self, program) -> None:
