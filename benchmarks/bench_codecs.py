@@ -28,10 +28,13 @@ import torch
 
 from oresearcher.codecs import build, collective_wire_bytes_per_rank, two_phase_allreduce
 from oresearcher.codecs.base import RngState
+from oresearcher.codecs import native
+from oresearcher.codecs.quant import dequantize_int8, quantize_int8
 from oresearcher.codecs.sparse import k_of, threshold_topk_indices
 
 SPECS = ["none", "fp16", "bf16", "int8", "int8:stochastic", "topk:0.01", "topk:0.01:approx", "randk:0.01",
          "topk:0.01+int8", "ef(int8)", "ef(topk:0.01:approx)", "ef21(topk:0.01:approx+int8)"]
+EAGER_INT8 = "int8 [eager torch reference]"
 
 
 def _time(fn) -> float:
@@ -56,16 +59,22 @@ def throughput(sizes, repeats):
     print(f"{'codec':32s}" + "".join(f"{f'{n / 1e6:g}M ms':>12s}{'x copy':>8s}" for n in sizes))
     xs = {n: torch.randn(n, generator=torch.Generator().manual_seed(0)) for n in sizes}
     copy_ms = {}
-    for spec in SPECS:
+    def eager_int8(x):  # the torch reference path the native kernel replaces
+        a, q = quantize_int8(x, 2048, use_native=False)
+        return dequantize_int8(a, q, 2048, torch.float32, use_native=False)
+
+    for spec in SPECS + [EAGER_INT8]:
         row = f"{spec:32s}"
         for n in sizes:
-            c, x = build(spec), xs[n]
+            c, x = (None if spec == EAGER_INT8 else build(spec)), xs[n]
             slow = spec.startswith(("topk:0.01", "ef(topk:0.01)")) and ":approx" not in spec
             reps = (max(3, repeats // 3) if slow else repeats) if n > 5e6 else 5 * repeats  # small: cheap, noisy
-            tb, tf = paired(lambda: x.clone(), lambda: c.decode(c.encode(x)), reps)
+            run = (lambda: eager_int8(x)) if c is None else (lambda: c.decode(c.encode(x)))
+            tb, tf = paired(lambda: x.clone(), run, reps)
             copy_ms[n] = tb * 1e3
             row += f"{tf * 1e3:12.1f}{tb / tf:8.2f}"
         print(row, flush=True)
+    print(f"int8 round-to-nearest ran on: {native.how}")
     print("copy of the same tensor, ms: " + ", ".join(f"{n / 1e6:g}M {copy_ms[n]:.1f}" for n in sizes))
 
 

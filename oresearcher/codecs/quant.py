@@ -35,6 +35,7 @@ import math
 
 import torch
 
+from . import native
 from .base import Codec, Field, RngState, check_finite, compute_dtype
 
 # Rows of chunks processed per block on CPU: temporaries of ~2 MB stay in cache, and
@@ -176,8 +177,12 @@ def _block_rows(device: torch.device, width: int) -> int:
     return max(1, _BLOCK_ELEMS // width) if device.type == "cpu" else 1 << 62
 
 
-def quantize_int8(flat: torch.Tensor, chunk: int, gen=None):
+def quantize_int8(flat: torch.Tensor, chunk: int, gen=None, use_native: bool = True):
     """Per-chunk absmax and int8 codes of ``flat`` (nearest, or stochastic if ``gen``).
+
+    Round-to-nearest on contiguous float32 CPU input runs the fused C kernel of
+    :mod:`oresearcher.codecs.native` when it is available (same bits); the torch code
+    below is the reference and the fallback (``use_native=False`` forces it).
 
     Error analysis (round-to-nearest, float32, unit roundoff e = 2**-24): with
     ``inv = fl(127/a)`` and ``y = fl(x*inv)``, ``|y - 127x/a| <= 127*2e`` because
@@ -187,6 +192,10 @@ def quantize_int8(flat: torch.Tensor, chunk: int, gen=None):
     Chunks whose ``127/a`` overflows (``a`` tiny) are quantized as ``(x/a)*127``.
     All chunk scales are computed and checked finite before any random draw.
     """
+    if gen is None and use_native:
+        fast = native.int8_quantize(flat, chunk)
+        if fast is not None:
+            return fast
     n = flat.numel()
     absmax = torch.empty(-(-n // chunk), dtype=flat.dtype, device=flat.device)
     codes = torch.empty(n, dtype=torch.int8, device=flat.device)
@@ -197,7 +206,7 @@ def quantize_int8(flat: torch.Tensor, chunk: int, gen=None):
         row0 += src.shape[0]
     if n and not torch.isfinite(absmax).all():
         raise ValueError("codec input holds non-finite values (NaN or inf)")
-    inv = 127.0 / absmax  # inf where a == 0 (codes 0) or where a is so tiny that 127/a overflows
+    inv = torch.full_like(absmax, 127.0).div_(absmax)  # inf where a == 0 (codes 0) or where a is so tiny that 127/a overflows
     tiny = torch.isinf(inv) & (absmax > 0)
     inv.masked_fill_(torch.isinf(inv), 0.0)
     row0 = 0
@@ -229,8 +238,13 @@ def _round(y, gen, noise):
     return y.add_(u).floor_().clamp_(-127.0, 127.0)
 
 
-def dequantize_int8(absmax: torch.Tensor, codes: torch.Tensor, chunk: int, cdt: torch.dtype) -> torch.Tensor:
-    """``codes * absmax/127`` chunk by chunk, into a new ``cdt`` tensor."""
+def dequantize_int8(absmax: torch.Tensor, codes: torch.Tensor, chunk: int, cdt: torch.dtype,
+                    use_native: bool = True) -> torch.Tensor:
+    """``codes * absmax/127`` chunk by chunk, into a new ``cdt`` tensor (the native
+    kernel where it applies, as in :func:`quantize_int8`)."""
+    out = native.int8_dequantize(absmax, codes, chunk, cdt) if use_native else None
+    if out is not None:
+        return out  # the kernel clamps too
     out = torch.empty(codes.numel(), dtype=cdt, device=codes.device)
     step = absmax.to(cdt) / 127.0
     row0 = 0
