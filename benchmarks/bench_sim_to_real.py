@@ -14,7 +14,8 @@ else the machine is doing. Configurations (gpt-tiny, ~0.8M parameters, on the sy
 token stream):
 
 1. ddp: all-reduce of the gradients every step;
-2. local_sgd: averaging the parameters every 10 steps;
+2. local_sgd: averaging the parameters every 10 steps (300 steps: 30 averagings, as
+   the wait at each one is a noisy draw);
 3. oresearcher with an int8 codec: every step the agents exchange int8-compressed
    gradients by all-gather (one fusion round at the end).
 
@@ -55,7 +56,7 @@ BASE = {
 
 CONFIGS = [
     ("all-reduce every step (ddp)", 2, {"training": {"strategy": "ddp"}}),
-    ("periodic averaging every 10 steps (local_sgd)", 2, {"training": {"strategy": "local_sgd", "steps": 60}}),
+    ("periodic averaging every 10 steps (local_sgd)", 2, {"training": {"strategy": "local_sgd", "steps": 300}}),
     ("int8 codec, all-gather exchange (oresearcher)", 2, {
         "training": {"strategy": "oresearcher"},
         "communication": {"codec": "int8", "gradient_sharing": True, "share_every": 1, "interval": 40},

@@ -31,12 +31,21 @@ the program's own collectives timed during a short run with every rank busy
 (:func:`inrun_factor`): on a shared CPU host those are slower than idle ones.
 ``--no-in-run`` keeps the idle fit.
 
-The device's ``compute_jitter_cv`` is the per-step spread of compute time pooled over
+The device's ``compute_jitter_cv`` is the per-step spread of compute time that ranks do
+not share (:func:`own_slowness`: ranks slowed together wait for no one), pooled over
 ranks, converted to the per-op cv that gives a simulated step that spread
 (:func:`op_jitter_cv`); with it the simulator's ranks drift apart and wait for each
 other at collectives as real ones do, and the device rate is the mean rank's (the
 slowest rank's pace then emerges). ``--no-jitter`` keeps identical steady ranks at the
 slowest rank's rate.
+
+Slowness on a shared host persists for a few steps. Where the program averages every K
+steps (local_sgd, diloco: K = local_steps; the cooperative program: its gradient-sharing
+or fusion period), the ranks' drift over K steps is what they wait for, so calibration
+also measures the persistence: ``compute_jitter_rho`` is the lag-1 correlation of the
+AR(1) whose K-step variance ratio equals the measured one (:func:`persistence_rho`).
+With it the simulator draws one factor per step (``compute_jitter_cv`` is then the
+step's spread itself).
 
 The device rate is the FLOPs the program's Compute ops declare divided by the time
 they took: work the FLOP counts miss (optimizer steps, packing, a codec's elementwise
@@ -47,6 +56,7 @@ share cores are slower, and the profile records that.
 from __future__ import annotations
 
 import argparse
+import math
 import logging
 import os
 import platform
@@ -156,6 +166,24 @@ def pooled_cv(step_seconds_per_rank) -> float:
     return float(np.std(xs)) / mean if mean > 0 and len(xs) > 1 else 0.0
 
 
+def own_slowness(step_seconds_per_rank) -> list:
+    """Each rank's per-step times without the part all ranks share.
+
+    On a shared host ranks often slow down together (another process takes a core from
+    both); that common part sets the pace, which the mean rate already holds, but makes
+    no rank wait for another. Ranks wait for what differs between them, so the jitter is
+    fitted to ``x[r, t] - mean_r' x[r', t]`` (steps aligned by index), scaled by
+    ``sqrt(n / (n - 1))`` so its variance is one rank's own, around the grand mean. A
+    rank slower for the whole run keeps its offset. Fewer than 2 ranks: nothing.
+    """
+    series = [np.asarray(s, dtype=float) for s in step_seconds_per_rank]
+    n, steps = len(series), min((len(s) for s in series), default=0)
+    if n < 2 or steps < 2:
+        return []
+    x = np.stack([s[:steps] for s in series])
+    return list((x - x.mean(axis=0)) * math.sqrt(n / (n - 1)) + x.mean())
+
+
 def op_jitter_cv(step_cv: float, op_flops, rate: float, host_s: float) -> float:
     """The per-Compute-op cv that gives a simulated step the measured spread ``step_cv``.
 
@@ -173,6 +201,55 @@ def op_jitter_cv(step_cv: float, op_flops, rate: float, host_s: float) -> float:
     if not sums or step_cv <= 0:
         return 0.0
     return float(step_cv * np.mean(sums) / np.sqrt(np.mean(squares)))
+
+
+def variance_ratio(rho: float, k: int) -> float:
+    """Var(sum of k consecutive steps) / (k Var(step)) of an AR(1) with lag-1 correlation
+    ``rho``: 1 + 2 sum_{j<k} (1 - j/k) rho^j (1 for independent steps)."""
+    return 1.0 + 2.0 * sum((1 - j / k) * rho**j for j in range(1, k))
+
+
+def persistence_rho(step_seconds_per_rank, period: int) -> float:
+    """The AR(1) lag-1 correlation whose ``period``-step variance ratio equals the
+    measured one; 0 for ``period < 2``, too few steps, or no excess over independence.
+
+    The autocorrelations r_j (j < period) are pooled over ranks around the pooled mean,
+    so a rank slower for the whole run counts as persistence (it is: the others wait for
+    it at every averaging). The measured ratio is 1 + 2 sum_j (1 - j/period) r_j, the
+    model's :func:`variance_ratio`, which grows with rho; bisection finds rho (at most
+    0.99).
+    """
+    if period < 2:
+        return 0.0
+    series = [np.asarray(s, dtype=float) for s in step_seconds_per_rank if len(s) >= 3 * period]
+    if not series:
+        return 0.0
+    mean = float(np.mean(np.concatenate(series)))
+    c = [x - mean for x in series]
+    var = float(np.mean(np.concatenate(c) ** 2))
+    if var <= (1e-9 * mean) ** 2:  # steady to rounding: nothing persists
+        return 0.0
+    r = [sum(float(x[j:] @ x[:-j]) for x in c) / sum(len(x) - j for x in c) / var for j in range(1, period)]
+    target = 1.0 + 2.0 * sum((1 - j / period) * rj for j, rj in enumerate(r, 1))
+    if target <= 1.0:
+        return 0.0
+    lo, hi = 0.0, 0.99
+    if variance_ratio(hi, period) <= target:
+        return hi
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if variance_ratio(mid, period) < target else (lo, mid)
+    return (lo + hi) / 2
+
+
+def sync_period(scenario) -> int:
+    """Steps between the program's averaging collectives: what rank drift builds over."""
+    t, c = scenario.training, scenario.communication
+    if t.strategy in ("local_sgd", "diloco"):
+        return t.local_steps
+    if t.strategy == "oresearcher":
+        return c.share_every if c.gradient_sharing else c.interval
+    return 1
 
 
 def fit_errors(rows, n: int, fit: FabricFit) -> list[dict]:
@@ -200,10 +277,20 @@ def compute_rate(m: dict, jitter: bool = False) -> float:
     return m["flops_per_step"] / max(step - host, 1e-9)
 
 
+def jitter_rho(m: dict) -> float:
+    """The device profile's compute_jitter_rho (see :func:`persistence_rho`)."""
+    return persistence_rho(own_slowness(m.get("step_seconds_per_rank", [])), int(m.get("sync_period", 1)))
+
+
 def jitter_cv(m: dict) -> float:
-    """The device profile's compute_jitter_cv from the measured per-step compute times."""
+    """The device profile's compute_jitter_cv from the measured per-step compute times:
+    the step's spread when one factor is drawn per step (rho > 0), else the per-op cv
+    that gives a step that spread."""
+    own = pooled_cv(own_slowness(m.get("step_seconds_per_rank", [])))
+    if jitter_rho(m) > 0:
+        return own
     rate = compute_rate(m, jitter=True)
-    return op_jitter_cv(pooled_cv(m.get("step_seconds_per_rank", [])), m.get("op_flops", []), rate,
+    return op_jitter_cv(own, m.get("op_flops", []), rate,
                         m["host_overhead_s"])
 
 
@@ -212,6 +299,7 @@ def device_doc(name: str, m: dict, memory_bytes: float, jitter: bool = False) ->
     and (``jitter``) the spread of a Compute op's duration."""
     rate = compute_rate(m, jitter)
     cv = jitter_cv(m) if jitter else 0.0
+    rho = jitter_rho(m) if cv > 0 else 0.0
     return {
         "kind": "device",
         "name": name,
@@ -221,6 +309,7 @@ def device_doc(name: str, m: dict, memory_bytes: float, jitter: bool = False) ->
         "memory_bytes": float(memory_bytes),
         "host_overhead_us": m["host_overhead_s"] / US,
         **({"compute_jitter_cv": cv} if cv > 0 else {}),
+        **({"compute_jitter_rho": rho} if rho > 0 else {}),
     }
 
 
@@ -247,8 +336,12 @@ def profile_text(device: dict, fabric: dict, m: dict, errors: list[dict]) -> str
         + ", ".join(f"{1e3 * t:.3f}" for t in m.get("compute_step_s_per_rank", [])) + " ms; "
         + "step time spread (std/mean) per rank: "
         + ", ".join(f"{c:.2f}" for c in m.get("compute_cv_per_rank", [])) + ").",
-        f"# compute jitter: per-step spread pooled over ranks {pooled_cv(m.get('step_seconds_per_rank', [])):.3f}"
-        f" -> compute_jitter_cv {device.get('compute_jitter_cv', 0.0):.3f} per Compute op.",
+        f"# compute jitter: per-step spread pooled over ranks {pooled_cv(m.get('step_seconds_per_rank', [])):.3f}, "
+        f"not shared with the other ranks {pooled_cv(own_slowness(m.get('step_seconds_per_rank', []))):.3f}"
+        f" -> compute_jitter_cv {device.get('compute_jitter_cv', 0.0):.3f} per "
+        + ("step" if device.get("compute_jitter_rho") else "Compute op")
+        + f"; persistence over the program's {m.get('sync_period', 1)}-step averaging period -> "
+        f"compute_jitter_rho {device.get('compute_jitter_rho', 0.0):.3f}.",
         f"# in-run collectives: {m.get('inrun_factor', 1.0):.3f} x the idle sweep's fit (geometric mean of "
         "measured / fitted over the program's own collectives, every rank busy; 1: not applied).",
         "# collective fit (ring model): kind, bytes, measured us, fitted us, error "
@@ -281,7 +374,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fabric-name", default="gloo-calibrated")
     p.add_argument("--max-bytes", type=float, default=16e6, help="largest collective in the sweep, bytes")
     p.add_argument("--repeats", type=int, default=7, help="repetitions per collective size")
-    p.add_argument("--compute-steps", type=int, default=30, help="timed training steps")
+    p.add_argument("--compute-steps", type=int,
+                   help="timed training steps (default: 30, or 30 averaging rounds of local_sgd/diloco, at most 300)")
     p.add_argument("--timeout", type=float, default=120.0)
     p.add_argument("--no-jitter", dest="jitter", action="store_false",
                    help="identical steady ranks: no compute_jitter_cv, the slowest rank's rate")
@@ -289,6 +383,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fit the fabric to the idle sweep only, not scaled to the program's own collectives")
     p.add_argument("--learner", metavar="MODULE:FN", help="build learners with FN instead of the task registry")
     return p
+
+
+def default_compute_steps(scenario) -> int:
+    """Timed steps of the program run: 30, or for periodic averaging enough steps for 30
+    rounds, at most 300 (the in-run collective cost is a mean over rounds, and the
+    persistence estimate needs many periods: from 10 it often comes out 0)."""
+    t = scenario.training
+    if t.strategy in ("local_sgd", "diloco"):
+        return min(300, max(30, 30 * t.local_steps))
+    return 30
 
 
 def _scenario(args):
@@ -332,15 +436,19 @@ def main(argv=None) -> int:
     reason = backend_unavailable(args.backend)
     if reason:
         raise UserError(reason)
+    if args.compute_steps is not None and args.compute_steps < 1:
+        raise UserError(f"--compute-steps must be at least 1, got {args.compute_steps}")
     sizes = default_sizes(int(args.max_bytes))
     if denv is None:
         return _launch(args, argv, scenario.world_size)
     from oresearcher.backends.calibration import calibrate_rank
 
     m = calibrate_rank(scenario, denv, backend=args.backend, timeout_s=args.timeout, sizes=sizes,
-                       repeats=args.repeats, compute_steps=args.compute_steps, learner_spec=args.learner,
+                       repeats=args.repeats, compute_steps=args.compute_steps or default_compute_steps(scenario),
+                       learner_spec=args.learner,
                        threads=int(os.environ.get("OMP_NUM_THREADS", "1") or 1))
     if m is not None:
+        m["sync_period"] = sync_period(scenario)
         fit = write_profile(Path(args.out), m, args.device_name, args.fabric_name, args.jitter, args.in_run)
         log.info("wrote %s: %.3g GFLOP/s per rank; %.2f GB/s, base %.0f us, hop %.0f us, call %.0f us",
                  args.out, compute_rate(m, args.jitter) / 1e9, fit.bandwidth_Bps / GB,

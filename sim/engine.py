@@ -11,9 +11,12 @@ tensors and only sizes flow.
 
 Nothing here reads the wall clock or global randomness: the same programs on the same
 topology give the same timeline, event for event. A device profile with
-``compute_jitter_cv > 0`` scales each Compute op by a random factor drawn from a
-generator private to the rank and seeded by ``seed`` and the rank, so runs stay
-reproducible.
+``compute_jitter_cv > 0`` scales each Compute op by a random factor (lognormal, mean 1)
+drawn from a generator private to the rank and seeded by ``seed`` and the rank, so runs
+stay reproducible. With ``compute_jitter_rho > 0`` the factor is drawn once per step:
+``exp(mu + sigma * z)`` with ``z`` a standard-normal AR(1) over the rank's steps,
+``z' = rho * z + sqrt(1 - rho**2) * e`` at each StepDone (stationary from the start, so
+every step's factor has mean 1 and the profile's cv).
 """
 from __future__ import annotations
 
@@ -63,6 +66,7 @@ class Engine:
         self.host = device.host_overhead_s
         self.seed = int(seed)
         self.jitter = lognormal_params(float(getattr(device, "compute_jitter_cv", 0.0) or 0.0))
+        self.rho = float(getattr(device, "compute_jitter_rho", 0.0) or 0.0)
         self.tl = timeline or Timeline(self.world_size)
         from .network import FlowNetwork
 
@@ -94,6 +98,9 @@ class Engine:
         mu, sigma = self.jitter
         # one generator per rank: a rank's draws do not depend on how ranks interleave
         rng = np.random.default_rng([self.seed, rank]) if sigma > 0 else None
+        rho = self.rho if rng is not None else 0.0
+        z = sigma * rng.standard_normal() if rho > 0 else 0.0  # sigma * the AR(1) state
+        step_factor = math.exp(mu + z)
         Compute, Collective = O.Compute, O.Collective
         # Compute only touches this rank, so its time is owed lazily: consecutive Computes
         # cost one SimPy event, paid before the rank next meets others (exactly the same
@@ -113,7 +120,9 @@ class Engine:
                 if op.fn is not None:
                     val = op.fn(*op.args, **op.kwargs)
                 dur = op.flops / rate + host
-                if rng is not None:
+                if rho > 0:
+                    dur *= step_factor
+                elif rng is not None:
                     dur *= float(rng.lognormal(mu, sigma))
                 start = env.now + owed
                 owed += dur
@@ -138,6 +147,9 @@ class Engine:
                 inst = self._arrive(rank, op, "SendRecv", (op.src, rank), ("p2p", op.src, rank))
                 val = yield from self._block(rank, inst)
             elif isinstance(op, O.StepDone):
+                if rho > 0:
+                    z = rho * z + math.sqrt(1 - rho * rho) * sigma * rng.standard_normal()
+                    step_factor = math.exp(mu + z)
                 tl.step_done(rank, op.step, env.now, op.metrics)
                 if self.on_step is not None:
                     self.on_step(rank, op.step)

@@ -37,6 +37,12 @@ class DeviceProfile(_Strict):
     # jitter independently wait for each other at every collective; 0 keeps every rank
     # identical and steady. `oresearcher.calibrate` measures it.
     compute_jitter_cv: float = Field(0.0, ge=0, le=2, description="std/mean of a Compute op's duration")
+    # Slowness on a shared host persists: a rank slowed by a neighbour stays slow for a
+    # few steps, so ranks drift apart between periodic averagings faster than independent
+    # draws allow. With rho > 0 a rank's factor is drawn once per step (every Compute op
+    # of the step shares it, so compute_jitter_cv is then the spread of a step) and its
+    # logarithm follows an AR(1) over steps with this lag-1 correlation.
+    compute_jitter_rho: float = Field(0.0, ge=0, lt=1, description="step-to-step correlation of a rank's slowness")
 
     def flops_per_s(self, dtype: str) -> float:
         """Achieved FLOP/s for ``dtype`` (peak x efficiency)."""

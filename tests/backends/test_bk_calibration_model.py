@@ -10,7 +10,7 @@ from hypothesis import given, settings, strategies as st
 from oresearcher import ops as O
 from oresearcher.backends.calibration import _OpLog, merge_inrun
 from oresearcher.calibrate import (FabricFit, compute_rate, device_doc, inrun_factor, jitter_cv, op_jitter_cv,
-                                   pooled_cv, scaled)
+                                   own_slowness, pooled_cv, scaled)
 from oresearcher.sim.hardware import DeviceProfile
 
 FIT = FabricFit(call_overhead_s=20e-6, base_latency_s=100e-6, hop_latency_s=10e-6, bandwidth_Bps=1e9)
@@ -107,11 +107,114 @@ def measured(**kw):
 
 
 def test_jitter_takes_the_mean_rank_rate_and_writes_a_loadable_cv():
-    m = measured()
+    m = measured(step_seconds_per_rank=[[0.09, 0.11], [0.11, 0.09]])
     assert compute_rate(m) == pytest.approx(1e9 / 0.12)  # steady ranks: the slowest sets the pace
     assert compute_rate(m, jitter=True) == pytest.approx(1e10)  # jitter: the pace emerges
-    assert jitter_cv(m) == pytest.approx(0.1)  # one dominant op: the step's cv
+    # one dominant op: the step's own cv, 0.01 * sqrt(2) / 0.1 (two ranks, opposite swings)
+    assert jitter_cv(m) == pytest.approx(0.1 * math.sqrt(2))
     doc = device_doc("cpu-cal", m, 8e9, jitter=True)
     dev = DeviceProfile.model_validate(doc)
-    assert dev.compute_jitter_cv == pytest.approx(0.1)
+    assert dev.compute_jitter_cv == pytest.approx(0.1 * math.sqrt(2))
+    # ranks that slow down together wait for no one: no jitter to simulate
+    assert jitter_cv(measured(step_seconds_per_rank=[[0.09, 0.11], [0.09, 0.11]])) == 0.0
     assert "compute_jitter_cv" not in device_doc("cpu-cal", m, 8e9)  # off: the field is left out
+
+
+@pytest.mark.parametrize("strategy,local_steps,expected", [("ddp", 10, 30), ("local_sgd", 10, 300), ("diloco", 2, 60),
+                                                           ("diloco", 50, 300), ("oresearcher", 50, 30)])
+def test_default_compute_steps_cover_thirty_averaging_rounds(strategy, local_steps, expected):
+    from oresearcher.calibrate import default_compute_steps
+    from oresearcher.scenario import load_scenario
+
+    from pathlib import Path
+
+    s = load_scenario(Path(__file__).parents[2] / "scenarios/local-gloo.yaml", [f"training.strategy={strategy}", f"training.local_steps={local_steps}"])
+    assert default_compute_steps(s) == expected
+
+
+def ar1_series(rho, n, seed, mean=0.03, cv=0.05):
+    rng = np.random.default_rng(seed)
+    z = np.empty(n)
+    z[0] = rng.standard_normal()
+    for t in range(1, n):
+        z[t] = rho * z[t - 1] + math.sqrt(1 - rho * rho) * rng.standard_normal()
+    return list(mean * (1 + cv * z))
+
+
+def test_variance_ratio_golden_numbers():
+    from oresearcher.calibrate import variance_ratio
+
+    assert variance_ratio(0.0, 10) == 1.0
+    assert variance_ratio(0.5, 2) == pytest.approx(1.5)  # 1 + 2 (1/2) 0.5
+    assert variance_ratio(0.5, 3) == pytest.approx(1 + 2 * (2 / 3 * 0.5 + 1 / 3 * 0.25))  # 11/6
+    assert variance_ratio(0.99, 10) < 10  # at most k (fully persistent steps)
+
+
+@settings(max_examples=6, deadline=None)
+@given(rho=st.sampled_from([0.0, 0.3, 0.6, 0.85]), seed=st.integers(0, 10**6))
+def test_persistence_rho_recovers_an_ar1(rho, seed):
+    from oresearcher.calibrate import persistence_rho
+
+    # 2 ranks x 3000 steps, period 10: the estimate's spread is a few hundredths
+    got = persistence_rho([ar1_series(rho, 3000, seed), ar1_series(rho, 3000, seed + 1)], 10)
+    assert got == pytest.approx(rho, abs=0.1)
+
+
+def test_persistence_rho_edges():
+    from oresearcher.calibrate import persistence_rho
+
+    steady = [[0.03] * 100, [0.03] * 100]
+    assert persistence_rho(steady, 10) == 0.0  # no spread
+    assert persistence_rho([ar1_series(0.8, 100, 0)], 1) == 0.0  # averaging every step: nothing to fit
+    assert persistence_rho([ar1_series(0.8, 20, 0)], 10) == 0.0  # fewer than 3 periods of steps
+    # a rank slower for the whole run is persistence at its strongest
+    assert persistence_rho([[0.03] * 100, [0.033] * 100], 10) == pytest.approx(0.99)
+
+
+def test_persistent_jitter_writes_the_step_spread_and_rho():
+    m = measured(step_seconds_per_rank=[ar1_series(0.7, 300, 1, mean=0.1, cv=0.1),
+                                        ar1_series(0.7, 300, 2, mean=0.1, cv=0.1)],
+                 op_flops=[[0.5e9, 0.5e9]], sync_period=10)
+    doc = device_doc("cpu-cal", m, 8e9, jitter=True)
+    dev = DeviceProfile.model_validate(doc)
+    assert 0.4 < dev.compute_jitter_rho < 0.95
+    # one factor per step: the cv is the step's own spread, not the per-op conversion
+    assert dev.compute_jitter_cv == pytest.approx(pooled_cv(own_slowness(m["step_seconds_per_rank"])))
+    assert "compute_jitter_rho" not in device_doc("cpu-cal", dict(m, sync_period=1), 8e9, jitter=True)
+    assert "compute_jitter_rho" not in device_doc("cpu-cal", m, 8e9)  # jitter off
+
+
+@pytest.mark.parametrize("overrides,expected", [
+    (["training.strategy=ddp"], 1), (["training.strategy=local_sgd", "training.local_steps=7"], 7),
+    (["training.strategy=diloco", "training.local_steps=20"], 20),
+    (["training.strategy=oresearcher", "communication.share_every=4"], 4),
+    (["training.strategy=oresearcher", "communication.gradient_sharing=false", "communication.interval=25"], 25)])
+def test_sync_period_of_each_strategy(overrides, expected):
+    from pathlib import Path
+
+    from oresearcher.calibrate import sync_period
+    from oresearcher.scenario import load_scenario
+
+    assert sync_period(load_scenario(Path(__file__).parents[2] / "scenarios/local-gloo.yaml", overrides)) == expected
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.lists(st.floats(1e-4, 1.0), min_size=0, max_size=60), min_size=1, max_size=3),
+       st.integers(1, 12))
+def test_persistence_rho_stays_in_its_range(series, period):
+    from oresearcher.calibrate import persistence_rho
+
+    assert 0.0 <= persistence_rho(series, period) <= 0.99
+
+
+def test_own_slowness_drops_what_ranks_share_and_keeps_what_they_do_not():
+    rng = np.random.default_rng(0)
+    common = 0.1 * (1 + 0.2 * rng.standard_normal(4000))  # the whole host slows down
+    own = [0.1 * 0.05 * rng.standard_normal(4000) for _ in range(3)]  # each rank's own 5 %
+    ranks = [common + o for o in own]
+    assert pooled_cv(ranks) == pytest.approx(0.2, rel=0.1)  # mostly the shared part
+    assert pooled_cv(own_slowness(ranks)) == pytest.approx(0.05, rel=0.1)  # only the own part
+    assert pooled_cv(own_slowness([common, common])) == pytest.approx(0.0, abs=1e-12)
+    # a rank slower for the whole run keeps its offset: +-1 % around the grand mean, times sqrt(2)
+    assert pooled_cv(own_slowness([[0.099] * 50, [0.101] * 50])) == pytest.approx(0.01 * math.sqrt(2))
+    assert own_slowness([[0.1, 0.2]]) == []  # one rank: nothing to wait for

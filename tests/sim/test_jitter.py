@@ -88,3 +88,57 @@ def test_jitter_makes_ranks_wait_for_each_other():
     assert noisy["exposed_comm_time_s"] > steady["exposed_comm_time_s"]
     # mean compute per rank stays as declared (1.5 ms per step), within 5 %
     assert noisy["compute_time_s"] == pytest.approx(steady["compute_time_s"], rel=0.05)
+
+
+def persistent(cv, rho):
+    return DEVICE.model_copy(update={"compute_jitter_cv": cv, "compute_jitter_rho": rho})
+
+
+def step_factors(tl, rank):
+    """Per step: the factor its first op was scaled by (1 ms declared)."""
+    return [s.duration / 1e-3 for i, s in enumerate(x for x in tl.spans if x.cat == "compute" and x.rank == rank)
+            if i % 2 == 0]
+
+
+@settings(max_examples=4, deadline=None)
+@given(st.integers(0, 10**6), st.sampled_from([0.3, 0.6, 0.9]))
+def test_persistent_jitter_is_an_ar1_over_steps_with_mean_one(seed, rho):
+    cv = 0.2
+    tl, _ = run(persistent(cv, rho), steps=4000, seed=seed, collective=False)
+    for rank in range(2):
+        spans = [s.duration for s in tl.spans if s.cat == "compute" and s.rank == rank]
+        # both ops of a step share the factor
+        assert all(b / 0.5e-3 == pytest.approx(a / 1e-3, rel=1e-9) for a, b in zip(spans[::2], spans[1::2]))
+        f = step_factors(tl, rank)
+        logs = [math.log(x) for x in f]
+        m = statistics.fmean(logs)
+        c = [x - m for x in logs]
+        r1 = sum(a * b for a, b in zip(c, c[1:])) / sum(x * x for x in c)
+        # lag-1 correlation of the log-factor: the standard error of the estimate is
+        # about sqrt((1 - rho^2) / n) * sqrt((1 + rho^2)/(1 - rho^2))-ish; 0.06 is > 4 of them at n = 4000
+        # for rho <= 0.6 and still loose at 0.9 (effective sample ~ n (1 - rho) / (1 + rho))
+        assert r1 == pytest.approx(rho, abs=0.06 if rho < 0.8 else 0.1)
+        # mean-one and the stated spread, per step (stationary from the first step)
+        assert statistics.fmean(f) == pytest.approx(1.0, abs=0.05 if rho < 0.8 else 0.1)
+        assert statistics.pstdev(f) == pytest.approx(cv, rel=0.2 if rho < 0.8 else 0.35)
+
+
+def test_persistence_widens_the_drift_between_periodic_averagings():
+    """Averaging every 10 steps: with the same per-step spread, persistent slowness
+    makes the faster rank wait longer than independent draws do (E|sum of 10 diffs|)."""
+    def periodic(rank, steps=2000):
+        for s in range(steps):
+            yield O.Compute(flops=FLOPS)
+            if s % 10 == 9:
+                yield O.AllReduce(torch.empty(1024, device="meta"))
+            yield O.StepDone(s)
+
+    def wait(device):
+        tl = Engine(topo(2), device, "fp32", "ring", seed=3).run([periodic(r) for r in range(2)])
+        return summarize(tl, {}, "sim")["peer_wait_time_s"]
+
+    iid, ar = wait(persistent(0.1, 0.0)), wait(persistent(0.1, 0.7))
+    # per block of 10 steps the difference of two sums has std sqrt(2 * 10 * VR) * cv * 1 ms with
+    # VR = 1 (iid) and 1 + 2 sum_k (1 - k/10) 0.7^k = 4.16 (AR(1), rho 0.7 at the level of the
+    # log-factor, about the same for the factor at cv 0.1): sqrt(4.16) = 2.04x the wait
+    assert ar / iid == pytest.approx(2.04, rel=0.2)
