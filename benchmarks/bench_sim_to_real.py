@@ -1,7 +1,7 @@
 """Sim-to-real: the simulator's prediction, with profiles calibrated on this machine,
 beside real gloo runs of the same scenarios.
 
-    OMP_NUM_THREADS=1 python benchmarks/bench_sim_to_real.py              # about 4 minutes
+    OMP_NUM_THREADS=1 python benchmarks/bench_sim_to_real.py              # about 5 minutes
     OMP_NUM_THREADS=1 python benchmarks/bench_sim_to_real.py --repeats 1 --markdown
 
 For each configuration and repeat it runs ``python -m oresearcher.calibrate``
@@ -119,7 +119,7 @@ def err(pred: float, meas: float) -> float:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--repeats", type=int, default=3, help="calibrate+run pairs per configuration (medians)")
+    ap.add_argument("--repeats", type=int, default=5, help="calibrate+run pairs per configuration (medians)")
     ap.add_argument("--markdown", action="store_true", help="also print the table as markdown")
     ap.add_argument("--only", type=int, nargs="*", help="configuration numbers to run (1-based)")
     ap.add_argument("--calibrate-arg", action="append", default=[], metavar="ARG",
