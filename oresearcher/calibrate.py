@@ -339,9 +339,10 @@ def profile_text(device: dict, fabric: dict, m: dict, errors: list[dict]) -> str
         f"# compute jitter: per-step spread pooled over ranks {pooled_cv(m.get('step_seconds_per_rank', [])):.3f}, "
         f"not shared with the other ranks {pooled_cv(own_slowness(m.get('step_seconds_per_rank', []))):.3f}"
         f" -> compute_jitter_cv {device.get('compute_jitter_cv', 0.0):.3f} per "
-        + ("step" if device.get("compute_jitter_rho") else "Compute op")
-        + f"; persistence over the program's {m.get('sync_period', 1)}-step averaging period -> "
-        f"compute_jitter_rho {device.get('compute_jitter_rho', 0.0):.3f}.",
+        + ("step" if device.get("compute_jitter_rho") else "Compute op") + "; "
+        + (f"persistence over the program's {m['sync_period']}-step averaging period -> "
+           f"compute_jitter_rho {device.get('compute_jitter_rho', 0.0):.3f}."
+           if m.get("sync_period", 1) > 1 else "the program synchronises every step: no persistence to fit."),
         f"# in-run collectives: {m.get('inrun_factor', 1.0):.3f} x the idle sweep's fit (geometric mean of "
         "measured / fitted over the program's own collectives, every rank busy; 1: not applied).",
         "# collective fit (ring model): kind, bytes, measured us, fitted us, error "
