@@ -12,8 +12,9 @@
   FLOPs declared. The profile takes the *slowest* rank's mean: in synchronous training
   the group moves at its pace.
   Every step's compute seconds and the FLOPs of each Compute op are kept: the
-  calibration turns their spread into the device's ``compute_jitter_cv``, so the
-  simulator's ranks drift apart and wait for each other as a shared machine's do.
+  calibration turns their spread into the device's ``compute_jitter_cv`` (and, for
+  periodic averaging, ``compute_jitter_rho``), so the simulator's ranks drift apart and
+  wait for each other as a shared machine's do.
 - The same run times the program's own collectives (kind, size, issue to completion;
   per instance the smallest over ranks, i.e. the last arrival's). With every rank busy
   they run slower than in the idle sweep (cores, caches and memory bandwidth shared

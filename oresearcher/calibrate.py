@@ -203,10 +203,16 @@ def op_jitter_cv(step_cv: float, op_flops, rate: float, host_s: float) -> float:
     return float(step_cv * np.mean(sums) / np.sqrt(np.mean(squares)))
 
 
+def _ratio_of_autocorrelations(r, k: int) -> float:
+    """Var(sum of k consecutive steps) / (k Var(step)) for lag-j autocorrelations
+    ``r[j - 1]`` (j < k): 1 + 2 sum_j (1 - j/k) r_j."""
+    return 1.0 + 2.0 * sum((1 - j / k) * rj for j, rj in enumerate(r, 1))
+
+
 def variance_ratio(rho: float, k: int) -> float:
-    """Var(sum of k consecutive steps) / (k Var(step)) of an AR(1) with lag-1 correlation
-    ``rho``: 1 + 2 sum_{j<k} (1 - j/k) rho^j (1 for independent steps)."""
-    return 1.0 + 2.0 * sum((1 - j / k) * rho**j for j in range(1, k))
+    """The k-step variance ratio of an AR(1) with lag-1 correlation ``rho`` (r_j = rho^j):
+    1 + 2 sum_{j<k} (1 - j/k) rho^j (1 for independent steps)."""
+    return _ratio_of_autocorrelations([rho**j for j in range(1, k)], k)
 
 
 def persistence_rho(step_seconds_per_rank, period: int) -> float:
@@ -230,7 +236,7 @@ def persistence_rho(step_seconds_per_rank, period: int) -> float:
     if var <= (1e-9 * mean) ** 2:  # steady to rounding: nothing persists
         return 0.0
     r = [sum(float(x[j:] @ x[:-j]) for x in c) / sum(len(x) - j for x in c) / var for j in range(1, period)]
-    target = 1.0 + 2.0 * sum((1 - j / period) * rj for j, rj in enumerate(r, 1))
+    target = _ratio_of_autocorrelations(r, period)
     if target <= 1.0:
         return 0.0
     lo, hi = 0.0, 0.99
@@ -277,29 +283,25 @@ def compute_rate(m: dict, jitter: bool = False) -> float:
     return m["flops_per_step"] / max(step - host, 1e-9)
 
 
-def jitter_rho(m: dict) -> float:
-    """The device profile's compute_jitter_rho (see :func:`persistence_rho`)."""
-    return persistence_rho(own_slowness(m.get("step_seconds_per_rank", [])), int(m.get("sync_period", 1)))
-
-
-def jitter_cv(m: dict) -> float:
-    """The device profile's compute_jitter_cv from the measured per-step compute times:
-    the step's spread when one factor is drawn per step (rho > 0), else the per-op cv
-    that gives a step that spread."""
-    own = pooled_cv(own_slowness(m.get("step_seconds_per_rank", [])))
-    if jitter_rho(m) > 0:
-        return own
-    rate = compute_rate(m, jitter=True)
-    return op_jitter_cv(own, m.get("op_flops", []), rate,
-                        m["host_overhead_s"])
+def jitter_fit(m: dict) -> tuple[float, float]:
+    """The device profile's ``(compute_jitter_cv, compute_jitter_rho)`` from the measured
+    per-step compute times, both fitted to what ranks do not share (:func:`own_slowness`).
+    rho is :func:`persistence_rho` over the program's averaging period; the cv is the
+    step's spread when one factor is drawn per step (rho > 0), else the per-op cv that
+    gives a step that spread."""
+    own = own_slowness(m.get("step_seconds_per_rank", []))
+    step_cv = pooled_cv(own)
+    rho = persistence_rho(own, int(m.get("sync_period", 1))) if step_cv > 0 else 0.0
+    if rho > 0:
+        return step_cv, rho
+    return op_jitter_cv(step_cv, m.get("op_flops", []), compute_rate(m, jitter=True), m["host_overhead_s"]), 0.0
 
 
 def device_doc(name: str, m: dict, memory_bytes: float, jitter: bool = False) -> dict:
     """The device profile: achieved FLOP/s per rank with every rank computing at once,
     and (``jitter``) the spread of a Compute op's duration."""
     rate = compute_rate(m, jitter)
-    cv = jitter_cv(m) if jitter else 0.0
-    rho = jitter_rho(m) if cv > 0 else 0.0
+    cv, rho = jitter_fit(m) if jitter else (0.0, 0.0)
     return {
         "kind": "device",
         "name": name,

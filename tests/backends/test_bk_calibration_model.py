@@ -9,7 +9,7 @@ from hypothesis import given, settings, strategies as st
 
 from oresearcher import ops as O
 from oresearcher.backends.calibration import _OpLog, merge_inrun
-from oresearcher.calibrate import (FabricFit, compute_rate, device_doc, inrun_factor, jitter_cv, op_jitter_cv,
+from oresearcher.calibrate import (FabricFit, compute_rate, device_doc, inrun_factor, jitter_fit, op_jitter_cv,
                                    own_slowness, pooled_cv, scaled)
 from oresearcher.sim.hardware import DeviceProfile
 
@@ -111,12 +111,12 @@ def test_jitter_takes_the_mean_rank_rate_and_writes_a_loadable_cv():
     assert compute_rate(m) == pytest.approx(1e9 / 0.12)  # steady ranks: the slowest sets the pace
     assert compute_rate(m, jitter=True) == pytest.approx(1e10)  # jitter: the pace emerges
     # one dominant op: the step's own cv, 0.01 * sqrt(2) / 0.1 (two ranks, opposite swings)
-    assert jitter_cv(m) == pytest.approx(0.1 * math.sqrt(2))
+    assert jitter_fit(m)[0] == pytest.approx(0.1 * math.sqrt(2))
     doc = device_doc("cpu-cal", m, 8e9, jitter=True)
     dev = DeviceProfile.model_validate(doc)
     assert dev.compute_jitter_cv == pytest.approx(0.1 * math.sqrt(2))
     # ranks that slow down together wait for no one: no jitter to simulate
-    assert jitter_cv(measured(step_seconds_per_rank=[[0.09, 0.11], [0.09, 0.11]])) == 0.0
+    assert jitter_fit(measured(step_seconds_per_rank=[[0.09, 0.11], [0.09, 0.11]]))[0] == 0.0
     assert "compute_jitter_cv" not in device_doc("cpu-cal", m, 8e9)  # off: the field is left out
 
 
