@@ -16,6 +16,7 @@ file. Without a compiler, or with ``ORESEARCHER_NATIVE=0``, the eager path runs.
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import os
 import platform
@@ -28,8 +29,6 @@ import torch
 
 _SOURCE = Path(__file__).with_name("int8_kernel.c")
 _FLAGS = ["-O3", "-ffp-contract=off", "-fno-math-errno", "-shared", "-fPIC"]
-_lib = None
-_tried = False
 how = "eager torch (no native kernel loaded yet)"
 
 
@@ -79,12 +78,11 @@ def _build(cc: str, src: bytes):
     return None, None
 
 
+@functools.cache
 def lib():
-    """The loaded kernel library, or None (no compiler, disabled, or a failed build)."""
-    global _lib, _tried, how
-    if _tried:
-        return _lib
-    _tried = True
+    """The loaded kernel library, or None (no compiler, disabled, or a failed build);
+    tried once per process (``lib.cache_clear()`` tries again)."""
+    global how
     if os.environ.get("ORESEARCHER_NATIVE", "1") == "0":
         how = "eager torch (ORESEARCHER_NATIVE=0)"
         return None
@@ -93,18 +91,18 @@ def lib():
         how = "eager torch (no C compiler found)"
         return None
     try:
-        _lib, flags = _build(cc, _SOURCE.read_bytes())
+        k, flags = _build(cc, _SOURCE.read_bytes())
     except OSError:
-        _lib, flags = None, None
-    if _lib is None:
+        k, flags = None, None
+    if k is None:
         how = f"eager torch ({cc} could not build {_SOURCE.name})"
         return None
-    _lib.orq_int8_quantize.restype = ctypes.c_int
-    _lib.orq_int8_quantize.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p]
-    _lib.orq_int8_dequantize.restype = None
-    _lib.orq_int8_dequantize.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
+    k.orq_int8_quantize.restype = ctypes.c_int
+    k.orq_int8_quantize.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p]
+    k.orq_int8_dequantize.restype = None
+    k.orq_int8_dequantize.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
     how = f"native C kernel ({Path(cc).name} {' '.join(flags[:-2])})"
-    return _lib
+    return k
 
 
 def _fits(*ts: torch.Tensor) -> bool:
@@ -114,21 +112,24 @@ def _fits(*ts: torch.Tensor) -> bool:
 def int8_quantize(flat: torch.Tensor, chunk: int):
     """``(absmax, codes)`` from the kernel, or None where it does not apply (not float32
     on CPU, or no kernel). Raises ValueError on non-finite input, as the eager path."""
-    if flat.dtype != torch.float32 or not _fits(flat) or lib() is None:
+    k = lib() if flat.dtype == torch.float32 and _fits(flat) else None
+    if k is None:
         return None
     n = flat.numel()
     absmax = torch.empty(-(-n // chunk), dtype=torch.float32)
     codes = torch.empty(n, dtype=torch.int8)
-    if n and _lib.orq_int8_quantize(flat.data_ptr(), n, chunk, absmax.data_ptr(), codes.data_ptr()):
+    if n and k.orq_int8_quantize(flat.data_ptr(), n, chunk, absmax.data_ptr(), codes.data_ptr()):
         raise ValueError("codec input holds non-finite values (NaN or inf)")
     return absmax, codes
 
 
 def int8_dequantize(absmax: torch.Tensor, codes: torch.Tensor, chunk: int, cdt: torch.dtype):
     """The decoded float32 tensor from the kernel, or None where it does not apply."""
-    if cdt != torch.float32 or absmax.dtype != torch.float32 or not _fits(absmax, codes) or lib() is None:
+    fits = cdt == torch.float32 and absmax.dtype == torch.float32 and _fits(absmax, codes)
+    k = lib() if fits else None
+    if k is None:
         return None
     out = torch.empty(codes.numel(), dtype=torch.float32)
     if codes.numel():
-        _lib.orq_int8_dequantize(absmax.data_ptr(), codes.data_ptr(), codes.numel(), chunk, out.data_ptr())
+        k.orq_int8_dequantize(absmax.data_ptr(), codes.data_ptr(), codes.numel(), chunk, out.data_ptr())
     return out
