@@ -73,10 +73,12 @@ def cmd_simulate(args) -> int:
                          f"{report['mode']} mode, {report['steps']} steps")
     write_json(out / "report.json", report)
     write_trace(tl, out / "trace.json", scenario.name)
-    plots.timeline_png(tl, out / "timeline.png")
-    plots.breakdown_png(report, out / "breakdown.png")
+    what = f"{scenario.name} ({report['world_size']} ranks, simulated)"
+    plots.timeline_png(tl, out / "timeline.png", title=what)
+    plots.breakdown_png(report, out / "breakdown.png", title=f"{what}: time per step")
     extra = " curve.png" if plots.curve_png(report, out / "curve.png") else ""
-    console.print(f"wrote {out}/report.json timeline.png breakdown.png trace.json{extra}")
+    plots.summary_png(report, tl, out / "summary.png")
+    console.print(f"wrote {out}/report.json summary.png timeline.png breakdown.png trace.json{extra}")
     return 0
 
 
@@ -103,7 +105,7 @@ def cmd_sweep(args) -> int:
     keep = ("step_time_s", "compute_time_s", "comm_time_s", "exposed_comm_time_s", "comm_overhead", "wire_bytes_per_step")
     write_json(out / "sweep.json", {"field": field, "values": values,
                                     "results": [{k: r[k] for k in keep} for r in reports]})
-    plots.sweep_png(field, values, reports, out / "sweep.png")
+    plots.sweep_png(field, values, reports, out / "sweep.png", title=f"{name}: sweep of {field}")
     console.print(f"wrote {out}/sweep.json sweep.png")
     return 0
 

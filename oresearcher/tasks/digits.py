@@ -207,8 +207,19 @@ class DigitsLearner(TorchLearner):
     def _shaped_loss(self, module, batch):
         x, y = batch
         if self.reward_weights is None or not self._peer_params:
+            self._task_loss = None
             return _loss(module, batch)
-        return shaped_loss(module(x), y, self.peer_probs(x), self.reward_weights)
+        logits = module(x)
+        self._task_loss = float(F.cross_entropy(logits.detach(), y))  # what the curve shows
+        return shaped_loss(logits, y, self.peer_probs(x), self.reward_weights)
+
+    def forward_backward(self) -> dict:
+        """The step's loss, and its plain cross-entropy as ``task_loss`` (the same number
+        unless the loss is reward-shaped): a figure compares tasks by the task's loss."""
+        out = super().forward_backward()
+        task = getattr(self, "_task_loss", None)
+        out["task_loss"] = out["loss"] if task is None else task
+        return out
 
     def arch_numel(self, arch: str) -> int:
         return sum(p.numel() for p in self._module_for(arch).parameters())
