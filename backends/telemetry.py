@@ -11,11 +11,14 @@
   ``tensorboard_trace_handler`` to ``<out>/tensorboard/profile``; TensorBoard's PyTorch
   Profiler plugin (torch-tb-profiler) opens them. Every op is a ``record_function``
   range named after the op.
-- Rank 0 shows a rich progress bar when its stderr is a terminal.
+- Rank 0 shows a rich progress bar when its stderr is a terminal, otherwise a line
+  every few seconds with steps/s and ETA. ``--profile`` keeps kineto's raw lines off stderr.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Optional
@@ -75,34 +78,79 @@ def make_profiler(out_dir: Path, rank: int, device: torch.device, *, wait: int =
     if device.type == "cuda":
         activities.append(ProfilerActivity.CUDA)
     trace_dir = Path(out_dir) / "tensorboard" / "profile"
-    return profile(
+    return QuietProfiler(profile(
         activities=activities,
         schedule=schedule(wait=wait, warmup=warmup, active=active, repeat=1),
         on_trace_ready=tensorboard_trace_handler(str(trace_dir), worker_name=f"rank{rank}"),
         record_shapes=True,
-    )
+    ))
+
+
+@contextlib.contextmanager
+def quiet_stderr():
+    """Point file descriptor 2 at /dev/null for the block. Kineto's C++ side writes
+    ``USDT: ... profiler_start`` / ``profiler_stop`` lines straight to it, past Python's
+    logging, every time a recording starts or stops."""
+    sys.stderr.flush()
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+class QuietProfiler:
+    """A torch.profiler whose start, step and stop (where recording starts and stops) are
+    silenced with :func:`quiet_stderr`; errors still raise."""
+
+    def __init__(self, prof):
+        self.prof = prof
+
+    def start(self) -> None:
+        with quiet_stderr():
+            self.prof.start()
+
+    def step(self) -> None:
+        with quiet_stderr():
+            self.prof.step()
+
+    def stop(self) -> None:
+        with quiet_stderr():
+            self.prof.stop()
 
 
 class Progress:
-    """A rich progress bar over training steps (rank 0, interactive terminals only)."""
+    """Progress over training steps on rank 0: a rich bar on a terminal, otherwise a line
+    every few seconds with steps/s and ETA (:class:`oresearcher.progress.ProgressLines`);
+    ``enabled=False``: nothing."""
 
     def __init__(self, total: int, start: int = 0, enabled: Optional[bool] = None):
-        enabled = sys.stderr.isatty() if enabled is None else enabled
-        self._bar = None
-        if enabled:
-            from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress as Bar, TextColumn, TimeRemainingColumn
+        self._bar = self._lines = None
+        if enabled is False:
+            return
+        if not sys.stderr.isatty():
+            from oresearcher.progress import ProgressLines
 
-            self._bar = Bar(TextColumn("training"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                            TextColumn("{task.fields[loss]}"), console=Console(stderr=True), transient=False)
-            self._task = self._bar.add_task("train", total=total, completed=start, loss="")
-            self._bar.start()
+            self._lines = ProgressLines(total, "training steps", start=start)
+            return
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress as Bar, TextColumn, TimeRemainingColumn
+
+        self._bar = Bar(TextColumn("training"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                        TextColumn("{task.fields[loss]}"), console=Console(stderr=True), transient=False)
+        self._task = self._bar.add_task("train", total=total, completed=start, loss="")
+        self._bar.start()
 
     def on_step(self, step: int, metrics: dict, stats: dict) -> None:
+        loss = metrics.get("loss")
+        loss = f"loss {loss:.4g}" if isinstance(loss, (int, float)) else ""
+        if self._lines is not None:
+            self._lines.update(step + 1, f", {loss}" if loss else "")
         if self._bar is not None:
-            loss = metrics.get("loss")
-            self._bar.update(self._task, completed=step + 1,
-                             loss=f"loss {loss:.4g}" if isinstance(loss, (int, float)) else "")
+            self._bar.update(self._task, completed=step + 1, loss=loss)
 
     def close(self) -> None:
         if self._bar is not None:

@@ -22,7 +22,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
-from matplotlib.ticker import EngFormatter  # noqa: E402
+from matplotlib.ticker import EngFormatter, MaxNLocator  # noqa: E402
 
 ROLE_NAMES = ("explorer", "optimizer", "validator")  # the ids backends/telemetry.py logs
 
@@ -79,6 +79,14 @@ def break_gaps(t: np.ndarray, v: np.ndarray, factor: float = GAP_FACTOR) -> tupl
     return np.insert(t, cut, np.nan), np.insert(v, cut, np.nan)
 
 
+def isolated(v: np.ndarray) -> np.ndarray:
+    """Mask of finite points with no finite neighbour (NaN or the end on both sides)."""
+    ok = np.isfinite(v)
+    left = np.concatenate([[False], ok[:-1]])
+    right = np.concatenate([ok[1:], [False]])
+    return ok & ~left & ~right
+
+
 def roles_of(report: dict, rank: int) -> list[str]:
     """The roles a rank held, in order, consecutive repeats merged."""
     out = []
@@ -111,9 +119,14 @@ def draw_curves(axes, report: dict, panels) -> None:
         for r, (t, v) in sorted(data.items()):
             if not sparse:
                 t, v = break_gaps(t, v)
-            ax.plot(t, v, "o-" if sparse else "-", ms=3, lw=1.2 if sparse else 0.9,
-                    color=colors[r % len(colors)], label=agent_label(report, r))
+            marker = "o" if sparse or len(t) <= 60 else ""  # short runs: show every point
+            line, = ax.plot(t, v, marker + "-", ms=3, lw=1.2 if sparse else 0.9,
+                            color=colors[r % len(colors)], label=agent_label(report, r))
+            alone = isolated(v)
+            if alone.any() and not marker:  # a point between two gaps draws no line
+                ax.plot(t[alone], v[alone], "o", ms=2, color=line.get_color())
         ax.set_title(title, fontsize=10)
+        ax.xaxis.set_major_locator(MaxNLocator(6))
         ax.xaxis.set_major_formatter(EngFormatter(unit="s", places=None, sep=" "))
         ax.set_xlabel(f"{clock} time")
         ax.grid(alpha=0.3)

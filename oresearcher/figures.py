@@ -227,7 +227,8 @@ def sweep_png(field: str, values: list, reports: list[dict], path: Path, title: 
     b.set_ylim(bottom=0)
     b.set_ylabel("comm overhead (% of step)")
     steps = [r["step_time_s"] for r in reports]
-    b.set_title(f"overhead (step time {si_time(min(steps))} to {si_time(max(steps))})", fontsize=10)
+    lo, hi = si_time(min(steps)), si_time(max(steps))
+    b.set_title(f"overhead (step time {lo}{f' to {hi}' if hi != lo else ''})", fontsize=10)
     for ax in (a, b):
         ax.set_xlabel(field)
         ax.grid(alpha=0.3)
@@ -248,7 +249,8 @@ def summary_png(report: dict, tl, path: Path, title: str = "") -> None:
     ax = fig.add_subplot(grid[1, :])
     ax.set_title(draw_timeline(ax, tl, max_steps=3, max_lanes=8), fontsize=10, loc="right")
     if panels:
-        draw_curves([fig.add_subplot(grid[2, i]) for i in range(min(len(panels), 2))], report, panels[:2])
+        axes = [fig.add_subplot(grid[2, i]) for i in range(2)] if len(panels) > 1 else [fig.add_subplot(grid[2, :])]
+        draw_curves(axes, report, panels[:2])
     fig.suptitle(title or _default_title(report), fontsize=12)
     _save(fig, path)
 
@@ -258,3 +260,19 @@ def _default_title(report: dict) -> str:
     strategy = (sc.get("training") or {}).get("strategy", "?")
     return (f"{sc.get('name', 'run')}: {strategy}, {report.get('world_size', '?')} ranks, "
             f"{report.get('backend', '?')}, {report.get('steps', '?')} steps")
+
+
+def write_run_figures(report: dict, tl, out: Path, what: str) -> list[str]:
+    """Every figure of one run into ``out``: summary, timeline, breakdown (and curves when
+    the run recorded metrics); returns the file names written. ``what`` names the run in
+    titles, e.g. ``"local-gloo (2 ranks, gloo)"``."""
+    from .curves import curve_png
+
+    out = Path(out)
+    summary_png(report, tl, out / "summary.png")
+    timeline_png(tl, out / "timeline.png", title=what)
+    breakdown_png(report, out / "breakdown.png", title=f"{what}: time per step")
+    names = ["summary.png", "timeline.png", "breakdown.png"]
+    if curve_png(report, out / "curve.png"):
+        names.append("curve.png")
+    return names

@@ -20,8 +20,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedCo
 from rich.table import Table
 
 from oresearcher import plots
-from oresearcher.console import console, fmt_bytes, fmt_ms, print_report
+from oresearcher.console import console, print_report
 from oresearcher.errors import cli_main
+from oresearcher.progress import ProgressLines
 from oresearcher.report import write_json
 from oresearcher.scenario import load_scenario, parse_override
 from oresearcher.trace import write_trace
@@ -32,15 +33,20 @@ from .simulate import build_cluster, simulate
 
 
 class _LazyProgress:
-    """A progress bar that appears only once a run has taken more than a second."""
+    """A progress bar that appears only once a run has taken more than a second; off a
+    terminal (piped, logged), a line every few seconds with steps/s and ETA instead."""
 
     def __init__(self, total: int, label: str):
         self.total, self.label = total, label
         self.t0 = time.monotonic()
         self.bar = None
+        self.lines = None if console.is_terminal else ProgressLines(total, label)
 
     def __call__(self, rank: int, step: int) -> None:
         if rank != 0:
+            return
+        if self.lines is not None:
+            self.lines.update(step + 1)
             return
         if self.bar is None:
             if time.monotonic() - self.t0 < 1.0:
@@ -93,13 +99,7 @@ def cmd_sweep(args) -> int:
     for v in values:
         _, report, _ = _run_one(args, [*args.set, f"{field}={v}"], f"{field}={v}")
         reports.append(report)
-    t = Table(title=f"sweep of {field}", header_style="bold")
-    for col in (keys[-1], "step time", "compute", "comm in flight", "exposed comm", "overhead", "wire/rank"):
-        t.add_column(col, justify="right")
-    for v, r in zip(values, reports):
-        t.add_row(str(v), fmt_ms(r["step_time_s"]), fmt_ms(r["compute_time_s"]), fmt_ms(r["comm_time_s"]),
-                  fmt_ms(r["exposed_comm_time_s"]), f"{r['comm_overhead']:.2%}", fmt_bytes(r["wire_bytes_per_step"]))
-    console.print(t)
+    console.print(sweep_table(field, values, reports))
     name = load_scenario(args.scenario, args.set).name
     out = Path(args.out or f"runs/{name}")
     keep = ("step_time_s", "compute_time_s", "comm_time_s", "exposed_comm_time_s", "comm_overhead", "wire_bytes_per_step")
@@ -108,6 +108,27 @@ def cmd_sweep(args) -> int:
     plots.sweep_png(field, values, reports, out / "sweep.png", title=f"{name}: sweep of {field}")
     console.print(f"wrote {out}/sweep.json sweep.png")
     return 0
+
+
+def sweep_table(field: str, values: list, reports: list[dict]) -> Table:
+    """One row per value; units in the headers so the cells are bare numbers (80 columns)."""
+    times = [r[k] for r in reports for k in ("step_time_s", "comm_time_s", "exposed_comm_time_s")]
+    unit, scale = ("us", 1e-6) if max(times, default=0.0) < 1e-3 else ("ms", 1e-3)
+    wire = [r["wire_bytes_per_step"] for r in reports]
+    wunit, wscale = ("GB", 1e9) if max(wire, default=0) >= 1e7 else ("MB", 1e6)
+    t = Table(title=f"sweep of {field}: per step, mean over ranks", header_style="bold")
+    for col in (field.rsplit(".", 1)[-1], f"step {unit}", f"comm {unit}", f"exposed {unit}", "overhead",
+                f"wire {wunit}"):
+        t.add_column(col, justify="right", no_wrap=True)
+    for v, r in zip(values, reports):
+        t.add_row(str(v), *(_num(r[k] / scale) for k in ("step_time_s", "comm_time_s", "exposed_comm_time_s")),
+                  f"{r['comm_overhead']:.2%}", f"{r['wire_bytes_per_step'] / wscale:,.3f}")
+    t.caption = "comm: in flight, overlapped or not; exposed: ranks blocked on it"
+    return t
+
+
+def _num(x: float) -> str:
+    return f"{x:,.2f}" if abs(x) < 10 else f"{x:,.1f}"
 
 
 def cmd_bench(args) -> int:

@@ -92,6 +92,17 @@ def test_sweep_writes_table_and_plot(tmp_path, capsys):
     sweep = json.loads((tmp_path / "sweep.json").read_text())
     assert sweep["values"] == [0.1, 1, 10] and len(sweep["results"]) == 3
     assert (tmp_path / "sweep.png").exists()
+    lines = out.splitlines()
+    assert lines[0].strip(), "the table starts at the first line"
+    assert max(len(line) for line in lines) <= 80 and "…" not in out  # nothing cut at 80 columns
+    assert "step ms" in out and "exposed ms" in out
+
+
+def test_every_run_dir_gets_a_summary_page(tmp_path, capsys):
+    code, _, err = run(["scenarios/cpu-tiny.yaml", "--out", str(tmp_path), "--set", "training.steps=2"], capsys)
+    assert code == 0, err
+    for name in ("summary.png", "timeline.png", "breakdown.png"):
+        assert (tmp_path / name).stat().st_size > 1000
 
 
 def test_collective_bench_table(tmp_path, capsys):
