@@ -3,14 +3,21 @@ last step every rank completed.
 
 Layout under the run directory::
 
-    checkpoints/step-00000099/rank-0000.pt    state of rank 0 after step 99
+    checkpoints/step-00000099/rank-0000.pt     state of rank 0 after step 99
+    checkpoints/step-00000099/rank-0000.json   its manifest: step, rank, world size, and
+                                               the size and SHA-256 of rank-0000.pt
     checkpoints/step-00000099/rank-0001.pt
+    checkpoints/step-00000099/rank-0001.json
 
 A file appears under its final name only once it is complete: it is written to a
 temporary name in the same directory, flushed to disk and renamed (rename is atomic on
-POSIX). A checkpoint step is *complete* when every rank holds its file for that step;
-ranks agree on the newest complete step by exchanging the steps they hold, so the
-directory need not be shared between machines.
+POSIX). The manifest is written last, so a rank *holds* a step only once its manifest is
+there; a rank's step is *valid* when the file's size and checksum match the manifest
+(a disk that filled up, a truncated copy, bit rot). A checkpoint step is *complete* when
+every rank holds a valid file for it. A resume takes the newest complete step, saying in
+one line which newer ones it skipped and why (``--resume-step N`` asks for one). Ranks
+agree on it by exchanging the steps they hold, so the directory need not be shared
+between machines; the local launcher checks it before it starts any rank.
 
 Checkpoints are keyed by the *nominal* step of a resume boundary the program marked
 (the same on every rank; see :mod:`oresearcher.programs`).
@@ -24,6 +31,8 @@ tensors and plain containers only, never pickled code.
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 import random
@@ -32,6 +41,8 @@ from pathlib import Path
 from typing import Iterable, Optional
 
 import torch
+
+from oresearcher.errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -46,14 +57,18 @@ def rank_file(root: Path, step: int, rank: int) -> Path:
     return step_dir(root, step) / f"rank-{rank:04d}.pt"
 
 
-def save_atomic(obj, path: Path) -> None:
-    """torch.save to a temporary file, fsync, then rename onto ``path``."""
+def manifest_file(root: Path, step: int, rank: int) -> Path:
+    return step_dir(root, step) / f"rank-{rank:04d}.json"
+
+
+def _write_atomic(path: Path, write) -> None:
+    """``write(f)`` to a temporary file, fsync, then rename onto ``path``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with open(tmp, "wb") as f:
-            torch.save(obj, f)
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -61,21 +76,114 @@ def save_atomic(obj, path: Path) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def save_atomic(obj, path: Path) -> None:
+    """torch.save to a temporary file, fsync, then rename onto ``path``."""
+    _write_atomic(path, lambda f: torch.save(obj, f))
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def save_checkpoint(root: Path, step: int, rank: int, world_size: int, state: dict) -> Path:
+    """This rank's file of ``step``, then its manifest (written last: it makes the step held)."""
+    path = rank_file(root, step, rank)
+    save_atomic(state, path)
+    manifest = {"step": int(step), "rank": int(rank), "world_size": int(world_size),
+                "files": {path.name: {"bytes": path.stat().st_size, "sha256": sha256(path)}}}
+    _write_atomic(manifest_file(root, step, rank), lambda f: f.write(json.dumps(manifest).encode()))
+    return path
+
+
+def invalid(root: Path, step: int, rank: int) -> Optional[str]:
+    """Why ``rank``'s checkpoint of ``step`` cannot be loaded, or None when it is valid."""
+    mpath, path = manifest_file(root, step, rank), rank_file(root, step, rank)
+    try:
+        manifest = json.loads(mpath.read_text())
+        entry = manifest["files"][path.name]
+        size, digest = int(entry["bytes"]), str(entry["sha256"])
+        if manifest["step"] != step or manifest["rank"] != rank:
+            return "its manifest names another step or rank"
+    except FileNotFoundError:
+        return "no manifest (the save did not finish)"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "its manifest is unreadable"
+    if not path.is_file():
+        return f"{path.name} is missing"
+    if path.stat().st_size != size:
+        return f"{path.name} has {path.stat().st_size} bytes, its manifest says {size}"
+    if sha256(path) != digest:
+        return f"{path.name} fails its checksum"
+    return None
+
+
 def load(path: Path) -> dict:
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
 def steps_held(root: Path, rank: int) -> list[int]:
-    """Checkpoint steps for which ``rank``'s file exists, oldest first."""
+    """Checkpoint steps for which ``rank``'s manifest exists (its save finished), oldest first."""
     base = Path(root) / "checkpoints"
     if not base.is_dir():
         return []
     out = []
     for d in base.iterdir():
         m = _STEP_DIR.match(d.name)
-        if m and (d / f"rank-{rank:04d}.pt").is_file():
+        if m and (d / f"rank-{rank:04d}.json").is_file():
             out.append(int(m.group(1)))
     return sorted(out)
+
+
+def all_steps(root: Path) -> list[int]:
+    """Every step folder under ``root``'s checkpoints, whatever it holds, newest first."""
+    base = Path(root) / "checkpoints"
+    found = [int(m.group(1)) for d in base.iterdir() if (m := _STEP_DIR.match(d.name))] if base.is_dir() else []
+    return sorted(found, reverse=True)
+
+
+def newest_complete(root: Path, world_size: int) -> Optional[int]:
+    """The newest step every rank holds (manifests only; no checksums)."""
+    return latest_common(steps_held(root, r) for r in range(world_size))
+
+
+def valid_steps(root: Path, rank: int) -> list[int]:
+    """Steps ``rank`` holds a valid file for, oldest first; each invalid one is logged in one line."""
+    out = []
+    for step in steps_held(root, rank):
+        why = invalid(root, step, rank)
+        if why is None:
+            out.append(step)
+        else:
+            log.warning("checkpoint step %d of rank %d skipped: %s", step, rank, why)
+    return out
+
+
+def resume_step(root: Path, world_size: int, wanted: Optional[int] = None) -> int:
+    """The step to resume from: ``wanted``, or the newest step whose files are valid on
+    every rank; newer steps that are not are skipped, one line each. UserError (one line)
+    when there is none, or when ``wanted`` is not complete and valid."""
+    skipped = []
+    for step in [wanted] if wanted is not None else all_steps(root):
+        why = next(((r, w) for r in range(world_size) if (w := invalid(root, step, r))), None)
+        if why is None:
+            for note in skipped:
+                log.warning("checkpoint %s", note)
+            return step
+        if wanted is not None:
+            raise UserError(f"--resume-step {step}: rank {why[0]}'s checkpoint cannot be used: {why[1]} "
+                            f"(complete steps: {_listed(root, world_size)})")
+        skipped.append(f"step {step} skipped: rank {why[0]}: {why[1]}")
+    more = f" ({skipped[0]}{f'; {len(skipped) - 1} more skipped' if len(skipped) > 1 else ''})" if skipped else ""
+    raise UserError(f"{root}: no checkpoint that all {world_size} ranks completed intact; nothing to resume{more}")
+
+
+def _listed(root: Path, world_size: int) -> str:
+    held = sorted(set.intersection(*(set(steps_held(root, r)) for r in range(world_size))))
+    return ", ".join(map(str, held[-5:])) or "none"
 
 
 def latest_common(held_by_rank: Iterable[Iterable[int]]) -> Optional[int]:
@@ -109,10 +217,12 @@ def _py_state_from_plain(s):
     return (version, tuple(internal), gauss)
 
 
-def agent_state(step: int, world_size: int, learner, states: dict) -> dict:
-    """Everything one rank saves after ``step``."""
+def agent_state(step: int, world_size: int, learner, states: dict, meta: Optional[dict] = None) -> dict:
+    """Everything one rank saves after ``step``; ``meta``: plain values the run notes
+    (the scenario's lr, so a resume can tell that --override changed it)."""
     return {
         "step": int(step),
+        "meta": dict(meta or {}),
         "world_size": int(world_size),
         "learner": learner.state_dict() if hasattr(learner, "state_dict") else {},
         "states": {name: obj.state_dict() for name, obj in states.items()},
@@ -120,10 +230,18 @@ def agent_state(step: int, world_size: int, learner, states: dict) -> dict:
     }
 
 
-def restore_agent(ckpt: dict, learner, states: dict) -> None:
-    """Load ``ckpt`` (from :func:`agent_state`) into the learner and State objects."""
+def restore_agent(ckpt: dict, learner, states: dict, keep_lr: bool = False) -> None:
+    """Load ``ckpt`` (from :func:`agent_state`) into the learner and State objects.
+
+    ``keep_lr``: keep the learning rates the fresh learner was built with (a resume that
+    overrides training.lr) instead of the saved optimizer's."""
+    groups = getattr(getattr(learner, "optimizer", None), "param_groups", None) or []
+    fresh = [g.get("lr") for g in groups]
     if ckpt.get("learner") and hasattr(learner, "load_state_dict"):
         learner.load_state_dict(ckpt["learner"])
+    if keep_lr:
+        for g, lr in zip(getattr(learner.optimizer, "param_groups", []) if groups else [], fresh):
+            g["lr"] = lr
     for name, sd in ckpt.get("states", {}).items():
         if name in states:
             states[name].load_state_dict(sd)
@@ -139,8 +257,8 @@ class Checkpointer:
     """
 
     def __init__(self, root: Path, rank: int, world_size: int, every: int, total_steps: int,
-                 keep: int = 2, store=None, prefix: str = "oresearcher/"):
-        self.root, self.rank, self.world_size = Path(root), rank, world_size
+                 keep: int = 2, store=None, prefix: str = "oresearcher/", meta: Optional[dict] = None):
+        self.root, self.rank, self.world_size, self.meta = Path(root), rank, world_size, dict(meta or {})
         self.every, self.total_steps, self.keep = int(every), int(total_steps), int(keep)
         self.store, self.prefix = store, prefix
 
@@ -153,8 +271,8 @@ class Checkpointer:
         return (step + 1) // self.every > (prev + 1) // self.every or step + 1 == self.total_steps
 
     def save(self, step: int, learner, states: dict) -> Path:
-        path = rank_file(self.root, step, self.rank)
-        save_atomic(agent_state(step, self.world_size, learner, states), path)
+        path = save_checkpoint(self.root, step, self.rank, self.world_size,
+                               agent_state(step, self.world_size, learner, states, self.meta))
         log.debug("checkpoint step %d -> %s", step, path)
         if self.store is not None:
             self.store.set(f"{self.prefix}ckpt/{self.rank}", str(step))
@@ -176,6 +294,7 @@ class Checkpointer:
         held = steps_held(self.root, self.rank)
         for step in held[:-self.keep]:
             if floor is not None and step < floor:
+                manifest_file(self.root, step, self.rank).unlink(missing_ok=True)  # no longer held, then gone
                 rank_file(self.root, step, self.rank).unlink(missing_ok=True)
                 try:
                     step_dir(self.root, step).rmdir()  # the last rank out removes the folder

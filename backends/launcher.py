@@ -15,10 +15,13 @@ the cores, and oversubscribed intra-op threads only slow them down.
 """
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import logging
 import os
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -133,7 +136,8 @@ def launch_local(cmd: Sequence[str], world_size: int, *, timeout_s: float, threa
                           timeout=timedelta(seconds=timeout_s))
     prefix = DistEnv(0, world_size, 0, LOCALHOST, store.port, "launcher").prefix
     base = dict(os.environ if env is None else env)
-    procs = [subprocess.Popen(list(cmd), env=rank_env(r, world_size, store.port, threads, base))
+    procs = [subprocess.Popen(list(cmd), env=rank_env(r, world_size, store.port, threads, base),
+                              start_new_session=True, preexec_fn=_die_with_parent(os.getpid()))
              for r in range(world_size)]
     log.info("launched %d ranks (pids %s), store on %s:%d", world_size, [p.pid for p in procs], LOCALHOST, store.port)
     try:
@@ -142,6 +146,58 @@ def launch_local(cmd: Sequence[str], world_size: int, *, timeout_s: float, threa
         _terminate(procs)
         raise
     return LaunchResult(codes, failure, [p.pid for p in procs])
+
+
+class Signalled(BaseException):
+    """SIGINT or SIGTERM reached the launcher (raised from the signal handler)."""
+
+
+@dataclass
+class Caught:
+    signum: int = 0
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name if self.signum else ""
+
+
+@contextlib.contextmanager
+def signals_raise():
+    """Within the block, SIGINT and SIGTERM raise :class:`Signalled` (once: a second
+    signal while the ranks are being stopped is ignored); yields what was caught."""
+    caught = Caught()
+    sigs = (signal.SIGINT, signal.SIGTERM)
+
+    def handler(signum, frame):
+        for s in sigs:
+            signal.signal(s, signal.SIG_IGN)
+        caught.signum = signum
+        raise Signalled(signum)
+
+    old = {s: signal.signal(s, handler) for s in sigs}
+    try:
+        yield caught
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def _die_with_parent(parent: int):
+    """preexec_fn: the rank gets SIGTERM when the launcher dies, even by SIGKILL (Linux
+    prctl PR_SET_PDEATHSIG), instead of living on against a store that is gone. Ranks run
+    in their own session, so a Ctrl-C in the terminal reaches only the launcher, which
+    stops them in order."""
+    if not sys.platform.startswith("linux"):
+        return None
+
+    def preexec():
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
+        except (OSError, AttributeError):
+            return
+        if os.getppid() != parent:  # the launcher died before prctl took effect
+            os._exit(EXIT_PEER_LOST)
+    return preexec
 
 
 def _watch(procs, store, prefix: str, timeout_s: float, poll_s: float):

@@ -149,13 +149,20 @@ def is_comm_error(e: BaseException) -> bool:
     return any(w in text for w in ("gloo", "nccl", "connection", "timed out", "timeout", "peer", "socket"))
 
 
-def _resume_point(out_dir: Path, rank: int, world: int) -> tuple[int, dict]:
-    held = [None] * world
-    dist.all_gather_object(held, ckpt.steps_held(out_dir, rank))
-    step = ckpt.latest_common(held)
-    if step is None:
+def _resume_point(out_dir: Path, rank: int, world: int, wanted: Optional[int]) -> tuple[int, dict]:
+    """The step to resume from and this rank's saved state. The local launcher checked
+    ``wanted`` already; under torchrun ranks agree on the newest step valid everywhere."""
+    if wanted is None:
+        held = [None] * world
+        dist.all_gather_object(held, ckpt.valid_steps(out_dir, rank))
+        wanted = ckpt.latest_common(held)
+    if wanted is None:
         raise UserError(f"{out_dir}: no checkpoint that all {world} ranks completed; nothing to resume")
-    state = ckpt.load(ckpt.rank_file(out_dir, step, rank))
+    step = wanted
+    try:
+        state = ckpt.load(ckpt.rank_file(out_dir, step, rank))
+    except Exception as e:  # noqa: BLE001 -- whatever torch.load makes of a damaged file
+        raise UserError(f"{ckpt.rank_file(out_dir, step, rank)}: cannot load: {str(e)[:200]}") from None
     if state.get("world_size") != world:
         raise UserError(f"{out_dir}: checkpoint of step {step} is from {state.get('world_size')} ranks, this run has {world}")
     return step, state
@@ -170,7 +177,7 @@ def init_process_group(denv: DistEnv, backend: str, timeout_s: float):
     return device, store
 
 
-def run_rank(scenario, opts: RunOptions, denv: DistEnv) -> int:
+def run_rank(scenario, opts: RunOptions, denv: DistEnv, resume_step: Optional[int] = None) -> int:
     """Run this rank to the end; returns its exit code."""
     rank, world = denv.rank, denv.world_size
     torch.set_num_threads(max(1, opts.threads))
@@ -180,7 +187,7 @@ def run_rank(scenario, opts: RunOptions, denv: DistEnv) -> int:
     monitor = Monitor(store, rank, world, timeout_s=opts.timeout_s, interval_s=opts.heartbeat_s,
                       prefix=denv.prefix, on_lost=stopper, store_owner=denv.store_owner).start()
     try:
-        return _train(scenario, opts, rank, world, device, store, denv.prefix, monitor)
+        return _train(scenario, opts, rank, world, device, store, denv.prefix, monitor, resume_step)
     except RuntimeError as e:
         msg = monitor.identify(wait_s=min(opts.timeout_s, 10.0)) if is_comm_error(e) else None
         if msg is None:
@@ -218,23 +225,26 @@ def entry_point(main) -> None:
     sys.exit(code)
 
 
-def _train(scenario, opts: RunOptions, rank, world, device, store, prefix, monitor) -> int:
+def _train(scenario, opts: RunOptions, rank, world, device, store, prefix, monitor, resume_step=None) -> int:
     out = Path(opts.out_dir)
     learner = build_learner(scenario, rank, device, opts.learner)
     log.debug("learner built: %d parameters", getattr(learner, "numel", 0))
     start, saved = 0, {}
     if opts.resume:
-        step, saved = _resume_point(out, rank, world)
+        step, saved = _resume_point(out, rank, world, resume_step)
         start = step + 1
         log.info("resuming after step %d from %s", step, ckpt.step_dir(out, step))
     ctx = _context(scenario, rank, world, device, start, saved.get("states", {}))
     program = get_program(scenario.training.strategy)(ctx, learner)
     if saved:
-        ckpt.restore_agent(saved, learner, program_states(ctx))
+        # a resume that overrode training.lr (--override): the optimizer takes the new lr, not the saved one
+        new_lr = saved.get("meta", {}).get("lr") != scenario.training.lr
+        ckpt.restore_agent(saved, learner, program_states(ctx), keep_lr=new_lr)
 
     total = scenario.training.steps
     saver = ckpt.Checkpointer(out, rank, world, scenario.training.checkpoint_every, total,
-                              keep=opts.keep_checkpoints, store=store, prefix=prefix)
+                              keep=opts.keep_checkpoints, store=store, prefix=prefix,
+                              meta={"lr": scenario.training.lr})
     tb = TensorBoard(out, rank) if opts.tensorboard else None
     bar = Progress(total, start, opts.progress) if rank == 0 else None
     prof = make_profiler(out, rank, device) if opts.profile else None

@@ -6,8 +6,23 @@ traceback. Anything else is a bug and keeps its traceback.
 """
 from __future__ import annotations
 
+import reprlib
 import sys
-from typing import Callable
+from typing import Any, Callable
+
+_short = reprlib.Repr()
+_short.maxstring = _short.maxother = 80
+_short.maxlist = _short.maxtuple = _short.maxdict = _short.maxset = 6
+_short.maxlevel = 2
+
+SHOWN = 200  # at most this many characters of a user's value in any message
+
+
+def short(value: Any, limit: int = SHOWN) -> str:
+    """A bounded repr of ``value`` for one-line messages: reprlib never expands a huge or
+    deeply shared value (a YAML alias bomb) in full, and the result is cut at ``limit``."""
+    text = _short.repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 class UserError(Exception):

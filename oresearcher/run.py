@@ -10,8 +10,10 @@
     # several machines: torchrun starts the ranks, this joins them
     torchrun --nnodes=2 --nproc_per_node=8 --rdzv-backend=c10d --rdzv-endpoint=HOST:29500 \\
         -m oresearcher.run --backend=nccl --scenario scenarios/8xA100.yaml --num_agents=16
-    # continue a stopped run from its last complete checkpoint
-    python -m oresearcher.run --resume runs/local-gloo
+    # continue a stopped run from its last complete checkpoint (a finished run: a no-op)
+    python -m oresearcher.run --resume runs/local-gloo/gloo --steps=400
+    # ... changing what it trains on purpose (refused without --override)
+    python -m oresearcher.run --resume runs/local-gloo/gloo --lr=0.01 --override
 
 Writes ``<out>/report.json`` (rank 0; the simulator's schema, see
 :mod:`oresearcher.report`), TensorBoard runs under ``<out>/tensorboard`` and, with
@@ -31,6 +33,7 @@ import yaml
 
 from .console import print_report
 from .errors import UserError
+from . import resume
 from .scenario import load_raw, load_scenario
 
 log = logging.getLogger("oresearcher.run")
@@ -52,8 +55,40 @@ FLAG_FIELDS = {
 }
 
 
+def _seconds(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a number of seconds") from None
+    if not (0 < v <= 7 * 86400):
+        raise argparse.ArgumentTypeError(f"{text[:40]!r}: expected seconds in (0, 604800]")
+    return v
+
+
+def _int_at_least(lo: int):
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a whole number") from None
+        if not lo <= v <= 10**9:
+            raise argparse.ArgumentTypeError(f"{v} is out of range [{lo}, 1e9]")
+        return v
+    return parse
+
+
+_nonneg_int, _pos_int = _int_at_least(0), _int_at_least(1)
+
+
+class _Parser(argparse.ArgumentParser):
+    """Flag mistakes are user errors: one line and exit code 2, not argparse's usage block."""
+
+    def error(self, message):
+        raise UserError(f"{message[:300]} (see --help)")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m oresearcher.run", description=__doc__.split("\n")[0])
+    p = _Parser(prog="python -m oresearcher.run", description=__doc__.split("\n")[0])
     p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo", help="gloo (CPU) or nccl (GPU)")
     p.add_argument("--scenario", help=f"scenario YAML (default {DEFAULT_SCENARIO}; with --resume, the run's saved copy)")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override any scenario field")
@@ -66,16 +101,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, help="learning rate")
     p.add_argument("--codec", help="codec spec for shared gradients, e.g. int8")
     p.add_argument("--checkpoint_every", type=int, help="steps between checkpoints (0: none)")
-    p.add_argument("--keep_checkpoints", type=int, default=2, help="checkpoints each rank keeps (0: all)")
+    p.add_argument("--keep_checkpoints", type=_nonneg_int, default=2, help="checkpoints each rank keeps (0: all)")
     p.add_argument("--out", help="run directory (default runs/<scenario name>/<backend>, beside the simulator's)")
-    p.add_argument("--resume", metavar="DIR", help="continue the run in DIR from its last complete checkpoint")
-    p.add_argument("--timeout", type=float, default=120.0,
+    p.add_argument("--resume", metavar="DIR", help="continue the run in DIR from its last complete checkpoint; "
+                   "flags may change only steps, checkpoint_every and eval_every unless --override")
+    p.add_argument("--override", action="store_true",
+                   help="with --resume: let flags change what the run trains (lr, strategy, seed, codec...); "
+                   "the new values take effect, the optimizer's lr included, and become the saved scenario")
+    p.add_argument("--resume-step", type=_nonneg_int, metavar="N",
+                   help="with --resume: start from checkpoint step N (default: the newest complete one)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="a new run into a directory that holds a run replaces it (default: refuse)")
+    p.add_argument("--timeout", type=_seconds, default=120.0,
                    help="seconds before a silent or lost rank stops the run (process group and heartbeats)")
     p.add_argument("--profile", action="store_true", help="record torch.profiler traces for TensorBoard")
     p.add_argument("--no-tensorboard", dest="tensorboard", action="store_false", help="write no TensorBoard scalars")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bar on rank 0 (default: when stderr is a terminal)")
-    p.add_argument("--threads", type=int, help="intra-op threads per rank (default 1, or OMP_NUM_THREADS)")
+    p.add_argument("--threads", type=_pos_int, help="intra-op threads per rank (default 1, or OMP_NUM_THREADS)")
     p.add_argument("--learner", metavar="MODULE:FN",
                    help="build learners with FN(scenario, rank, mode=, device=) instead of the task registry")
     p.add_argument("--log-level", default=None, help="logging level (default INFO on rank 0, WARNING elsewhere)")
@@ -94,19 +137,37 @@ def scenario_overrides(args, raw: dict) -> list[str]:
         out.append(f"{path}={value}")
     if args.num_agents is not None:
         cluster = raw.get("cluster") or {}
-        if cluster.get("nodes", 1) == 1 and args.num_agents > cluster.get("gpus_per_node", 8):
+        if cluster.get("nodes", 1) == 1 and cluster.get("gpus_per_node", 8) < args.num_agents <= 64:
             out.append(f"cluster.gpus_per_node={args.num_agents}")  # one node: grow it to fit the agents
     return out
 
 
 def load(args):
-    """(scenario, out_dir) from the flags; UserError on any mistake."""
-    if args.resume and not Path(args.resume).is_dir():
-        raise UserError(f"--resume {args.resume}: no such run directory")
-    path = args.scenario or (str(Path(args.resume) / SAVED_SCENARIO) if args.resume else DEFAULT_SCENARIO)
+    """(scenario, out_dir, changes a resume makes on purpose) from the flags; UserError on any mistake."""
+    if args.resume:
+        return _load_resume(args)
+    if args.override:
+        raise UserError("--override only applies to --resume")
+    path = args.scenario or DEFAULT_SCENARIO
     scenario = load_scenario(path, scenario_overrides(args, load_raw(path)))
-    out = Path(args.out or args.resume or Path("runs") / scenario.name / args.backend)
-    return scenario, out
+    out = Path(args.out or Path("runs") / scenario.name / args.backend)
+    return scenario, out, []
+
+
+def _load_resume(args):
+    run_dir = Path(args.resume)
+    if not run_dir.is_dir():
+        raise UserError(f"--resume {args.resume}: no such run directory")
+    if args.out and Path(args.out).resolve() != run_dir.resolve():
+        raise UserError(f"--out {args.out} with --resume {args.resume}: a run continues in its own directory")
+    saved_path = run_dir / SAVED_SCENARIO
+    if not saved_path.is_file():
+        raise UserError(f"--resume {args.resume}: no {SAVED_SCENARIO}; not a run directory")
+    saved = load_scenario(saved_path)
+    path = args.scenario or saved_path
+    scenario = load_scenario(path, scenario_overrides(args, load_raw(path)))
+    diffs = resume.check(resume.changes(saved.resolved(), scenario.resolved()), args.override)
+    return scenario, run_dir, diffs
 
 
 def save_scenario(scenario, out: Path) -> None:
@@ -124,8 +185,8 @@ def setup_logging(level: str | None, rank: int | None) -> None:
 
 
 def main(argv=None) -> int:
-    from oresearcher.backends import launcher
-    from oresearcher.backends.worker import RunOptions, backend_unavailable, run_rank
+    from oresearcher.backends import launcher, rundir
+    from oresearcher.backends.worker import RunOptions, backend_unavailable
 
     args = build_parser().parse_args(argv)
     try:
@@ -133,33 +194,118 @@ def main(argv=None) -> int:
     except ValueError as e:
         raise UserError(str(e)) from None
     setup_logging(args.log_level, denv.rank if denv else None)
-    scenario, out = load(args)
+    scenario, out, diffs = load(args)
     reason = backend_unavailable(args.backend)
     if reason:
         raise UserError(reason)
+    if args.resume and (done := rundir.finished(out)) is not None:
+        if denv is None or denv.rank == 0:
+            print(f"{out}: the run finished ({done.get('steps', '?')} steps); nothing to resume, "
+                  f"{rundir.REPORT} left as it is")
+        return 0
     threads = args.threads or int(os.environ.get("OMP_NUM_THREADS", "1") or 1)
     opts = RunOptions(backend=args.backend, out_dir=out, resume=bool(args.resume), timeout_s=args.timeout,
                       profile=args.profile, tensorboard=args.tensorboard, progress=args.progress,
                       learner=args.learner, threads=threads, keep_checkpoints=args.keep_checkpoints)
-    world = scenario.world_size
     if denv is not None:
-        if denv.world_size != world:
-            raise UserError(f"WORLD_SIZE={denv.world_size} from the launcher, but the scenario has "
-                            f"agents.count={world}; pass --num_agents={denv.world_size}")
-        if denv.rank == 0 and not args.resume:
-            save_scenario(scenario, out)
-        return run_rank(scenario, opts, denv)
+        return _join(scenario, opts, denv, args, diffs)
+    return _launch(scenario, opts, args, diffs, argv)
+
+
+def _note_overrides(diffs) -> None:
+    for path, old, new in diffs:
+        log.warning("--override: %s changes from %s to %s", path, resume.short(old), resume.short(new))
+
+
+def _prepare(scenario, out: Path, args, diffs) -> None:
+    """Before any rank trains (the caller holds the run lock): a fresh directory, or a
+    checked resume; the saved scenario is written, or rewritten by --override."""
+    from oresearcher.backends import rundir
+
+    rundir.remove_temp_files(out)
     if not args.resume:
+        rundir.prepare_new(out, args.overwrite)
+    else:
+        _note_overrides(diffs)
+    if not args.resume or diffs:
         save_scenario(scenario, out)
-    log.info("starting %d local %s ranks; run directory %s", world, args.backend, out)
-    cmd = [sys.executable, "-m", "oresearcher.run", *(sys.argv[1:] if argv is None else argv)]
-    result = launcher.launch_local(cmd, world, timeout_s=args.timeout, threads=threads)
+
+
+def _join(scenario, opts, denv, args, diffs) -> int:
+    """This process is one rank of a torchrun (or our launcher's) world."""
+    from oresearcher.backends import rundir
+    from oresearcher.backends.worker import run_rank
+
+    world = scenario.world_size
+    if denv.world_size != world:
+        raise UserError(f"WORLD_SIZE={denv.world_size} from the launcher, but the scenario has "
+                        f"agents.count={world}; pass --num_agents={denv.world_size}")
+    if denv.store_host == "launcher" or denv.rank != 0:
+        return run_rank(scenario, opts, denv, resume_step=args.resume_step)
+    with rundir.RunLock(opts.out_dir):  # rank 0 prepares before it joins: the others wait in the rendezvous
+        _prepare(scenario, opts.out_dir, args, diffs)
+        return run_rank(scenario, opts, denv, resume_step=args.resume_step)
+
+
+def _launch(scenario, opts, args, diffs, argv) -> int:
+    """Start one local rank per agent and watch them (we play torchrun's part)."""
+    from oresearcher.backends import launcher, rundir
+
+    out, world = opts.out_dir, scenario.world_size
+    check_local_world(world, args.backend)
+    with rundir.RunLock(out):
+        cmd = [sys.executable, "-m", "oresearcher.run", *(sys.argv[1:] if argv is None else argv)]
+        if args.resume:
+            step = resume_step(out, world, args.resume_step, scenario.training.steps)
+            cmd += ["--resume-step", str(step)]  # every rank loads the step checked here
+        _prepare(scenario, out, args, diffs)
+        log.info("starting %d local %s ranks; run directory %s", world, args.backend, out)
+        with launcher.signals_raise() as caught:
+            try:
+                result = launcher.launch_local(cmd, world, timeout_s=opts.timeout_s, threads=opts.threads)
+            except launcher.Signalled:
+                rundir.remove_temp_files(out)
+                print(f"error: stopped by {caught.name}; the ranks were stopped and temporary files removed "
+                      f"({_where(out, world)})", file=sys.stderr)
+                return 128 + caught.signum
     return _outcome(result, out, world)
 
 
-def _outcome(result, out: Path, world: int) -> int:
+def check_local_world(world: int, backend: str) -> None:
+    """Ranks this machine can host: one per GPU under nccl; a few per core under gloo."""
+    if backend == "nccl":
+        import torch
+
+        if world > torch.cuda.device_count():
+            raise UserError(f"{world} ranks need {world} GPUs; this machine has {torch.cuda.device_count()} "
+                            "(start the ranks with torchrun across machines)")
+        return
+    cap = max(16, 4 * (os.cpu_count() or 1))
+    if world > cap:
+        raise UserError(f"{world} local gloo ranks on {os.cpu_count()} cores is more than {cap}; "
+                        "lower --num_agents or start the ranks with torchrun across machines")
+
+
+def resume_step(out: Path, world: int, wanted, steps: int) -> int:
+    """The checkpoint step a resume starts from, checked before any rank starts."""
     from oresearcher.backends import checkpoint
 
+    step = checkpoint.resume_step(out, world, wanted)
+    if step + 1 >= steps:
+        raise UserError(f"--resume {out}: checkpoint step {step} is the last of training.steps={steps}; "
+                        f"nothing left to train (pass --steps greater than {step + 1} to train longer)")
+    return step
+
+
+def _where(out: Path, world: int) -> str:
+    from oresearcher.backends import checkpoint
+
+    step = checkpoint.newest_complete(out, world)
+    return (f"last complete checkpoint: step {step}; resume with --resume {out}" if step is not None
+            else "no complete checkpoint to resume from")
+
+
+def _outcome(result, out: Path, world: int) -> int:
     if result.ok:
         report = json.loads((out / "report.json").read_text())
         print_report(report, f"{report['scenario']['name']}: {report['scenario']['training']['strategy']}, "
@@ -169,10 +315,8 @@ def _outcome(result, out: Path, world: int) -> int:
         return 0
     if all(c == 2 for c in result.exit_codes):
         return 2  # every rank already printed the user error
-    step = checkpoint.latest_common(checkpoint.steps_held(out, r) for r in range(world))
-    where = (f"last complete checkpoint: step {step}; resume with --resume {out}" if step is not None
-             else "no complete checkpoint to resume from")
-    print(f"error: {result.failure or 'a rank failed'}; the other ranks stopped ({where})", file=sys.stderr)
+    print(f"error: {result.failure or 'a rank failed'}; the other ranks stopped ({_where(out, world)})",
+          file=sys.stderr)
     return 1
 
 

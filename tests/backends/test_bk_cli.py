@@ -66,10 +66,10 @@ def test_killed_rank_stops_the_run_and_the_run_resumes(tmp_path, child_env):
     step = ckpt.latest_common([ckpt.steps_held(out, r) for r in (0, 1)])
     assert f"last complete checkpoint: step {step}" in last
 
-    # resume (switching to local_sgd, a flag overriding the saved scenario) with everything on
+    # resume (switching to local_sgd on purpose: --override) with everything on
     total = step + 1 + 4
     p = run(["--resume", str(out), "--learner", TINY, "--steps", str(total), "--strategy", "local_sgd",
-             "--profile"], child_env)
+             "--override", "--profile"], child_env)
     assert p.returncode == 0, p.stderr
     rep = json.loads((out / "report.json").read_text())
     assert set(REPORT_KEYS) <= set(rep) and rep["backend"] == "gloo" and rep["world_size"] == 2

@@ -134,9 +134,10 @@ def test_latest_common_is_the_newest_step_everyone_holds(held):
 
 def test_steps_held_ignores_other_ranks_and_partial_files(tmp_path):
     for step, rank in ((3, 0), (3, 1), (7, 0)):
-        ckpt.save_atomic({"x": torch.zeros(1)}, ckpt.rank_file(tmp_path, step, rank))
+        ckpt.save_checkpoint(tmp_path, step, rank, 2, {"x": torch.zeros(1)})
     (ckpt.step_dir(tmp_path, 9) / "x").mkdir(parents=True)
     (ckpt.step_dir(tmp_path, 9) / ".rank-0001.pt.tmp-1").write_bytes(b"partial")
+    ckpt.save_atomic({"x": torch.zeros(1)}, ckpt.rank_file(tmp_path, 9, 0))  # no manifest: not held
     assert ckpt.steps_held(tmp_path, 0) == [3, 7]
     assert ckpt.steps_held(tmp_path, 1) == [3]
     assert ckpt.latest_common([ckpt.steps_held(tmp_path, r) for r in (0, 1)]) == 3

@@ -1,0 +1,297 @@
+"""A run directory's life, in process: resume checked against the saved scenario, a
+finished run left alone, damaged checkpoints skipped, the run lock, --overwrite, temp
+files. ``python -m oresearcher.run``'s main() runs here with the rank launch replaced by a
+stub that records the rank command line: everything these tests check happens before any
+rank would start (the launcher's promise), so no process is spawned."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from bk_helpers import write_scenario
+from oresearcher.backends import checkpoint as ckpt
+from oresearcher.backends import launcher, rundir
+from oresearcher.errors import UserError, cli_main
+from oresearcher.run import main, save_scenario
+from oresearcher.scenario import load_scenario
+
+STEPS = (3, 7, 11)
+
+
+class Spawned(Exception):
+    """Raised by the stub launcher: main() got as far as starting ranks."""
+
+
+@pytest.fixture
+def spawn(monkeypatch):
+    for k in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(k, raising=False)
+    calls = []
+
+    def fake(cmd, world, **kw):
+        calls.append(list(cmd))
+        raise Spawned(cmd)
+
+    monkeypatch.setattr(launcher, "launch_local", fake)
+    return calls
+
+
+def make_run(tmp_path, steps=STEPS, world=2):
+    """A run directory as a stopped 2-rank run leaves it: saved scenario and checkpoints."""
+    from bk_tiny import make_learner
+
+    sc = load_scenario(write_scenario(tmp_path / "s.yaml", training={"steps": 20}))
+    out = tmp_path / "run"
+    save_scenario(sc, out)
+    learner = make_learner(sc, 0)
+    for step in steps:
+        for r in range(world):
+            state = ckpt.agent_state(step, world, learner, {}, {"lr": sc.training.lr})
+            ckpt.save_checkpoint(out, step, r, world, state)
+    return out
+
+
+def call(argv, capsys, spawned_ok=False):
+    """(exit code or "spawned", stdout, stderr lines) of main(argv)."""
+    try:
+        code = cli_main(main, ["--log-level", "WARNING", *argv])
+    except Spawned:
+        code = "spawned"
+    out = capsys.readouterr()
+    return code, out.out, out.err.strip().splitlines()
+
+
+def one_error(code, err, words):
+    assert code == 2, err
+    assert len(err) == 1 and err[0].startswith("error: ") and words in err[0], err
+    assert "Traceback" not in "\n".join(err)
+
+
+# ---- resume is checked against the saved scenario ----------------------------------------
+@pytest.mark.parametrize("flags, words", [
+    (["--lr", "0.5"], "training.lr would change from 0.1 to 0.5"),
+    (["--strategy", "local_sgd"], "training.strategy"),
+    (["--set", "seed=7"], "seed would change"),
+    (["--codec", "int8"], "communication.codec"),
+    (["--reward_weights", "0.2,0.3,0.5"], "agents.reward_weights"),
+    (["--local_steps", "5"], "training.local_steps"),
+    (["--set", "workload.model=cnn"], "workload.model would change"),
+    (["--set", "workload.model=cnn", "--override"], "cannot change"),
+    (["--num_agents", "4", "--override"], "agents.count would change from 2 to 4"),
+    (["--set", "workload.optimizer=adamw", "--override"], "workload.optimizer"),
+    (["--set", "training.lr=.nan"], "training.lr"),
+    (["--timeout", "0"], "--timeout"),
+    (["--timeout", "-5"], "--timeout"),
+    (["--timeout", "nan"], "--timeout"),
+    (["--keep_checkpoints", "-1"], "--keep_checkpoints"),
+    (["--threads", "0"], "--threads"),
+    (["--resume-step", "5"], "--resume-step 5"),
+    (["--resume-step", "x"], "--resume-step"),
+    (["--steps", "11"], "nothing left to train"),
+    (["--out", "elsewhere"], "a run continues in its own directory"),
+    (["--bogus-flag"], "unrecognized arguments"),
+])
+def test_bad_flags_on_resume_are_one_line_and_exit_2(flags, words, tmp_path, capsys, spawn):
+    out = make_run(tmp_path)
+    before = (out / "scenario.yaml").read_bytes()
+    code, _, err = call(["--resume", str(out), *flags], capsys)
+    one_error(code, err, words)
+    assert not spawn and (out / "scenario.yaml").read_bytes() == before
+    assert not (out / rundir.LOCK).exists()
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--override"], "--override only applies to --resume"),
+    (["--num_agents", "100000"], "agents.count"),
+    (["--steps", "true"], "--steps"),
+    (["--resume", "no/such/run"], "no such run directory"),
+])
+def test_bad_flags_on_a_new_run_are_one_line_and_exit_2(argv, words, tmp_path, capsys, spawn):
+    sc = write_scenario(tmp_path / "s.yaml")
+    code, _, err = call(["--scenario", str(sc), "--out", str(tmp_path / "run"), *argv], capsys)
+    one_error(code, err, words)
+    assert not spawn
+
+
+def test_resume_with_an_unchanged_or_free_flag_starts_from_the_newest_step(tmp_path, capsys, spawn):
+    out = make_run(tmp_path)
+    code, _, err = call(["--resume", str(out), "--steps", "30", "--checkpoint_every", "2"], capsys)
+    assert code == "spawned" and not err, err
+    assert spawn[0][-2:] == ["--resume-step", "11"]
+
+
+def test_override_rewrites_the_saved_scenario_and_says_what_changed(tmp_path, capsys, spawn):
+    out = make_run(tmp_path)
+    code, _, err = call(["--resume", str(out), "--lr", "0.5", "--strategy", "local_sgd", "--override"], capsys)
+    assert code == "spawned"
+    assert len(err) == 2 and all("--override:" in line for line in err), err
+    saved = load_scenario(out / "scenario.yaml")
+    assert saved.training.lr == 0.5 and saved.training.strategy == "local_sgd"
+
+
+def test_keep_lr_puts_the_new_lr_into_the_restored_optimizer(tmp_path):
+    from bk_tiny import make_learner
+    from oresearcher.scenario import validate
+    from bk_helpers import TINY
+
+    old = make_learner(validate(TINY, "t"), 0)
+    state = ckpt.agent_state(3, 1, old, {}, {"lr": 0.1})
+    new_sc = validate({**TINY, "training": {**TINY["training"], "lr": 0.5}}, "t")
+    for keep, expect in ((False, 0.1), (True, 0.5)):
+        fresh = make_learner(new_sc, 0)
+        ckpt.restore_agent(state, fresh, {}, keep_lr=keep)
+        assert [g["lr"] for g in fresh.optimizer.param_groups] == [expect]
+        assert fresh.optimizer.state_dict()["state"].keys() == old.optimizer.state_dict()["state"].keys()
+
+
+# ---- a finished run ---------------------------------------------------------------------
+def test_resume_of_a_finished_run_is_a_no_op_that_says_so(tmp_path, capsys, spawn):
+    out = make_run(tmp_path)
+    (out / "report.json").write_text(json.dumps({"steps": 20, "note": "finished"}))
+    before = (out / "report.json").read_bytes(), (out / "report.json").stat().st_mtime_ns
+    code, stdout, err = call(["--resume", str(out), "--steps", "40"], capsys)
+    assert code == 0 and not err and not spawn
+    assert stdout.strip().splitlines() == [f"{out}: the run finished (20 steps); nothing to resume, "
+                                           "report.json left as it is"]
+    assert ((out / "report.json").read_bytes(), (out / "report.json").stat().st_mtime_ns) == before
+
+
+def test_resume_without_checkpoints_refuses_once_before_any_rank_starts(tmp_path, capsys, spawn):
+    out = make_run(tmp_path, steps=())
+    code, _, err = call(["--resume", str(out)], capsys)
+    one_error(code, err, "no checkpoint that all 2 ranks completed")
+    assert not spawn
+
+
+# ---- damaged checkpoints ------------------------------------------------------------------
+def _pt(out, r=1):
+    return ckpt.rank_file(out, 11, r)
+
+
+def _man(out, r=1):
+    return ckpt.manifest_file(out, 11, r)
+
+
+def _flip(path):
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def _edit_manifest(out, **fields):
+    m = json.loads(_man(out).read_text())
+    m.update(fields)
+    _man(out).write_text(json.dumps(m))
+
+
+DAMAGES = {
+    "truncated": (lambda o: _pt(o).write_bytes(_pt(o).read_bytes()[:1000]), "bytes, its manifest says"),
+    "empty file": (lambda o: _pt(o, 0).write_bytes(b""), "rank 0: rank-0000.pt has 0 bytes"),
+    "garbage, same size": (lambda o: _pt(o).write_bytes(os.urandom(_pt(o).stat().st_size)), "checksum"),
+    "one bit flipped": (lambda o: _flip(_pt(o)), "fails its checksum"),
+    "manifest missing": (lambda o: _man(o).unlink(), "no manifest"),
+    "manifest not json": (lambda o: _man(o).write_text("{not json"), "manifest is unreadable"),
+    "manifest a list": (lambda o: _man(o).write_text("[1, 2]"), "manifest is unreadable"),
+    "manifest empty": (lambda o: _man(o).write_text(""), "manifest is unreadable"),
+    "manifest of another step": (lambda o: shutil.copy(ckpt.manifest_file(o, 7, 1), _man(o)), "another step"),
+    "manifest checksum wrong": (lambda o: _edit_manifest(o, files={"rank-0001.pt": {
+        "bytes": _pt(o).stat().st_size, "sha256": "0" * 64}}), "fails its checksum"),
+    "file missing": (lambda o: _pt(o).unlink(), "rank-0001.pt is missing"),
+    "file is a directory": (lambda o: (_pt(o).unlink(), _pt(o).mkdir()), "rank 1"),
+    "rank never saved": (lambda o: (_pt(o).unlink(), _man(o).unlink()), "no manifest"),
+}
+
+
+@pytest.mark.parametrize("damage", DAMAGES, ids=list(DAMAGES))
+def test_a_damaged_newest_checkpoint_is_skipped_for_the_newest_intact_one(damage, tmp_path, capsys, spawn):
+    out = make_run(tmp_path)
+    hurt, words = DAMAGES[damage]
+    hurt(out)
+    code, _, err = call(["--resume", str(out)], capsys)
+    assert code == "spawned", err
+    assert spawn[0][-2:] == ["--resume-step", "7"]
+    assert len(err) == 1 and "checkpoint step 11 skipped" in err[0] and words in err[0], err
+
+
+@pytest.mark.parametrize("damage", ["truncated", "manifest missing", "one bit flipped"])
+def test_asking_for_a_damaged_step_is_one_line_and_exit_2(damage, tmp_path, capsys, spawn):
+    out = make_run(tmp_path)
+    DAMAGES[damage][0](out)
+    code, _, err = call(["--resume", str(out), "--resume-step", "11"], capsys)
+    one_error(code, err, "--resume-step 11: rank")
+    assert "complete steps: 3, 7" in err[0] or "complete steps: 3, 7, 11" in err[0]
+
+
+def test_resume_step_takes_an_older_intact_step(tmp_path, capsys, spawn):
+    out = make_run(tmp_path)
+    code, _, err = call(["--resume", str(out), "--resume-step", "3"], capsys)
+    assert code == "spawned" and spawn[0][-2:] == ["--resume-step", "3"], err
+
+
+def test_every_step_damaged_is_one_line(tmp_path, capsys, spawn):
+    out = make_run(tmp_path)
+    for step in STEPS:
+        ckpt.rank_file(out, step, 0).write_bytes(b"x")
+    code, _, err = call(["--resume", str(out)], capsys)
+    one_error(code, err, "nothing to resume (step 11 skipped: rank 0")
+    assert "2 more skipped" in err[0]
+
+
+def test_temp_files_are_removed_when_a_run_starts(tmp_path, capsys, spawn):
+    out = make_run(tmp_path)
+    tmps = [ckpt.step_dir(out, s) / f".rank-000{s % 2}.pt.tmp-424242" for s in (3, 11)]
+    for t in tmps:
+        t.write_bytes(b"half")
+    assert call(["--resume", str(out)], capsys)[0] == "spawned"
+    assert not any(t.exists() for t in tmps)
+
+
+# ---- one run per directory ------------------------------------------------------------------
+def test_a_live_lock_refuses_a_second_run(tmp_path, capsys, spawn):
+    out = make_run(tmp_path)
+    with rundir.RunLock(out):  # this very process holds it: alive
+        code, _, err = call(["--resume", str(out)], capsys)
+        one_error(code, err, f"in use by a running run (pid {os.getpid()})")
+        assert (out / rundir.LOCK).exists()
+    assert not (out / rundir.LOCK).exists() and not spawn
+
+
+def _dead_pid() -> int:
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+def test_a_stale_lock_is_taken_over_with_a_note(tmp_path, caplog):
+    lock = tmp_path / rundir.LOCK
+    lock.write_text(json.dumps({"pid": _dead_pid(), "host": socket.gethostname()}))
+    with caplog.at_level("WARNING"), rundir.RunLock(tmp_path):
+        assert json.loads(lock.read_text())["pid"] == os.getpid()
+    assert "taking over the stale lock" in caplog.text and not lock.exists()
+
+
+def test_a_lock_from_another_host_is_refused(tmp_path):
+    (tmp_path / rundir.LOCK).write_text(json.dumps({"pid": 1, "host": "elsewhere.example"}))
+    with pytest.raises(UserError, match="in use by pid 1 on elsewhere.example"):
+        rundir.RunLock(tmp_path).acquire()
+    assert json.loads((tmp_path / rundir.LOCK).read_text())["host"] == "elsewhere.example"
+
+
+def test_a_new_run_into_a_run_directory_refuses_unless_overwrite(tmp_path, capsys, spawn):
+    out = make_run(tmp_path)
+    (out / "notes.txt").write_text("mine")
+    sc = write_scenario(tmp_path / "s4.yaml", agents={"count": 4})
+    code, _, err = call(["--scenario", str(sc), "--out", str(out)], capsys)
+    one_error(code, err, "already holds a run")
+    assert ckpt.steps_held(out, 0) == list(STEPS) and not spawn
+    code, _, err = call(["--scenario", str(sc), "--out", str(out), "--overwrite"], capsys)
+    assert code == "spawned"
+    assert not (out / "checkpoints").exists() and (out / "notes.txt").read_text() == "mine"
+    assert load_scenario(out / "scenario.yaml").agents.count == 4

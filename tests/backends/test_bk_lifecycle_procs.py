@@ -1,0 +1,114 @@
+"""The run lifecycle's attacks with real processes (gloo, 2 ranks): a damaged newest
+checkpoint and an lr --override on resume, SIGINT/SIGTERM of the launcher, and two runs
+started into one directory at once."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from bk_helpers import REPO, write_scenario
+from oresearcher.backends import checkpoint as ckpt
+from oresearcher.backends import rundir
+
+RUN = [sys.executable, "-m", "oresearcher.run", "--no-tensorboard", "--no-progress", "--timeout", "30"]
+TINY, SLOW = "bk_tiny:make_learner", "bk_tiny:make_slow_learner"
+
+
+def run(args, env, timeout=120):
+    return subprocess.run([*RUN, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def _lr(out, step, rank):
+    return ckpt.load(ckpt.rank_file(out, step, rank))["learner"]["optimizer"]["param_groups"][0]["lr"]
+
+
+def test_resume_skips_a_corrupt_newest_checkpoint_and_override_changes_the_lr_for_real(tmp_path, child_env):
+    sc = write_scenario(tmp_path / "s.yaml", training={"steps": 12, "checkpoint_every": 4, "lr": 0.1})
+    out = tmp_path / "run"
+    p = run(["--scenario", str(sc), "--learner", TINY, "--out", str(out), "--keep_checkpoints", "0"], child_env)
+    assert p.returncode == 0, p.stderr[-2000:]
+    (out / "report.json").unlink()  # as if it had stopped after its last checkpoint
+    path = ckpt.rank_file(out, 11, 1)
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])  # a disk that filled up
+
+    p = run(["--resume", str(out), "--learner", TINY, "--steps", "16", "--lr", "0.5"], child_env)
+    assert p.returncode == 2 and p.stderr.strip().splitlines()[-1].startswith("error: --resume: training.lr")
+    p = run(["--resume", str(out), "--learner", TINY, "--steps", "16", "--lr", "0.5", "--override",
+             "--keep_checkpoints", "0"], child_env)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "checkpoint step 11 skipped: rank 1: rank-0001.pt has" in p.stderr
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["start_step"] == 8 and rep["steps"] == 8 and rep["scenario"]["training"]["lr"] == 0.5
+    assert _lr(out, 7, 0) == 0.1 and _lr(out, 15, 0) == 0.5 and _lr(out, 15, 1) == 0.5
+    assert ckpt.invalid(out, 11, 1) is None  # step 11 was trained again and saved intact
+
+    before = (out / "report.json").read_bytes()
+    p = run(["--resume", str(out), "--learner", TINY], child_env)
+    assert p.returncode == 0 and "the run finished (8 steps); nothing to resume" in p.stdout
+    assert (out / "report.json").read_bytes() == before
+
+
+def _start_slow(sc, out, env, *extra):
+    return subprocess.Popen([*RUN, "--scenario", str(sc), "--learner", SLOW, "--out", str(out),
+                             "--log-level", "WARNING", *extra], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for_checkpoint(out, proc, deadline_s=60.0) -> int:
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end and proc.poll() is None:
+        step = ckpt.newest_complete(out, 2)
+        if step is not None:
+            return step
+        time.sleep(0.1)
+    raise AssertionError(f"no complete checkpoint appeared (exit code {proc.poll()})")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_stops_the_run_in_one_line_and_leaves_no_temp_files(sig, tmp_path, child_env):
+    sc = write_scenario(tmp_path / "s.yaml", training={"steps": 5000, "checkpoint_every": 3})
+    out = tmp_path / "run"
+    proc = _start_slow(sc, out, dict(child_env, TINY_SLEEP_S="0.02"))
+    try:
+        step = _wait_for_checkpoint(out, proc)
+        tmp = ckpt.step_dir(out, step) / ".rank-0000.pt.tmp-999999"
+        tmp.write_bytes(b"x" * 1000)  # what a rank killed mid-save leaves
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    lines = err.strip().splitlines()
+    assert proc.returncode == 128 + sig, err
+    assert len(lines) <= 3 and "Traceback" not in err and "terminate called" not in err, err
+    assert lines[-1].startswith(f"error: stopped by {sig.name}") and f"--resume {out}" in lines[-1]
+    assert not list((out / "checkpoints").glob("step-*/.*tmp-*"))
+    assert not (out / rundir.LOCK).exists()
+    time.sleep(0.5)
+    assert ckpt.newest_complete(out, 2) is not None and not (out / "report.json").exists()
+
+
+def test_two_runs_into_one_directory_at_once_one_refuses(tmp_path, child_env):
+    sc = write_scenario(tmp_path / "s.yaml", training={"steps": 5000, "checkpoint_every": 3})
+    out = tmp_path / "run"
+    first = _start_slow(sc, out, dict(child_env, TINY_SLEEP_S="0.02"))
+    try:
+        _wait_for_checkpoint(out, first)
+        t0 = time.monotonic()
+        second = run(["--scenario", str(sc), "--learner", TINY, "--out", str(out), "--overwrite"], child_env)
+        assert time.monotonic() - t0 < 10
+        first.send_signal(signal.SIGTERM)
+        first.communicate(timeout=30)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert second.returncode == 2
+    lines = second.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"in use by a running run (pid {first.pid})" in lines[0], lines
+    assert ckpt.newest_complete(out, 2) is not None  # --overwrite did not touch the live run
