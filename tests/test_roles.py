@@ -50,7 +50,7 @@ def test_harder_means_more_explorers_and_one_validator_always():
     st.lists(st.booleans(), min_size=n, max_size=n))), st.floats(0, 1))
 def test_assignment_invariants(data, hardness):
     prev, scores, ex = data
-    new, switches = R.assign_roles(prev, torch.tensor(scores), torch.tensor(ex), hardness, "test")
+    new, switches = R.assign_roles(prev, torch.tensor(scores, dtype=torch.float64), torch.tensor(ex), hardness, "test")
     assert "validator" in new
     assert sum(r == "validator" for r in new) == max(1, sum(r == "validator" for r in prev))
     assert {s.rank for s in switches} == {i for i in range(len(prev)) if new[i] != prev[i]}
