@@ -1,12 +1,12 @@
 """Measure this machine and write a hardware profile the simulator loads.
 
-    python -m oresearcher.calibrate --backend=gloo --out profile.yaml
+    python -m oresearcher.calibrate --backend=gloo          # writes runs/local-gloo/profile.yaml
     python -m oresearcher.calibrate --backend=gloo --scenario scenarios/local-gloo.yaml --num_agents=4 \\
         --out profiles/gloo-4.yaml
 
 It starts the scenario's ranks (or joins torchrun's), times collectives over a size
 sweep and a few steps of the scenario's own program with all ranks busy at once, and
-writes two profiles (YAML documents): a ``device`` (achieved FLOP/s per rank, host
+writes two profiles (YAML documents; default ``runs/<scenario name>/profile.yaml``): a ``device`` (achieved FLOP/s per rank, host
 overhead per op) and a ``fabric`` (latencies and bandwidth). Use them from a scenario
 with::
 
@@ -367,19 +367,32 @@ def default_sizes(max_bytes: int) -> list[int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m oresearcher.calibrate", description=__doc__.split("\n")[0])
-    p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
-    p.add_argument("--scenario", default="scenarios/local-gloo.yaml", help="the workload to measure")
-    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE")
+    p = argparse.ArgumentParser(
+        prog="python -m oresearcher.calibrate", description=__doc__.split("\n")[0],
+        epilog="The profile holds a device and a fabric; point a scenario at it with cluster.profile_files, "
+               "cluster.device and cluster.intra_node (see the module docstring).")
+    p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo",
+                   help="torch.distributed backend to measure: gloo (CPU) or nccl (GPU) (default gloo)")
+    p.add_argument("--scenario", default="scenarios/local-gloo.yaml",
+                   help="scenario whose workload, strategy and world size are measured "
+                        "(default scenarios/local-gloo.yaml)")
+    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                   help="override a scenario field, e.g. training.strategy=local_sgd (repeatable)")
     p.add_argument("--num_agents", type=int, help="ranks to measure with (default: the scenario's agents.count)")
-    p.add_argument("--out", default="profile.yaml", help="profile YAML to write")
-    p.add_argument("--device-name", default="cpu-calibrated")
-    p.add_argument("--fabric-name", default="gloo-calibrated")
-    p.add_argument("--max-bytes", type=float, default=16e6, help="largest collective in the sweep, bytes")
-    p.add_argument("--repeats", type=int, default=7, help="repetitions per collective size")
+    p.add_argument("--out", metavar="FILE",
+                   help="profile YAML to write (default runs/<scenario name>/profile.yaml)")
+    p.add_argument("--device-name", default="cpu-calibrated",
+                   help="name of the device profile written, for cluster.device (default cpu-calibrated)")
+    p.add_argument("--fabric-name", default="gloo-calibrated",
+                   help="name of the fabric profile written, for cluster.intra_node (default gloo-calibrated)")
+    p.add_argument("--max-bytes", type=float, default=16e6,
+                   help="largest collective of the size sweep, bytes; sizes go 1 KiB, x4, up to it (default 16e6)")
+    p.add_argument("--repeats", type=int, default=7,
+                   help="timed repetitions per collective size; the fit uses their mean (default 7)")
     p.add_argument("--compute-steps", type=int,
                    help="timed training steps (default: 30, or 30 averaging rounds of local_sgd/diloco, at most 300)")
-    p.add_argument("--timeout", type=float, default=120.0)
+    p.add_argument("--timeout", type=float, default=120.0,
+                   help="seconds before a silent or lost rank stops the calibration (default 120)")
     p.add_argument("--no-jitter", dest="jitter", action="store_false",
                    help="identical steady ranks: no compute_jitter_cv, the slowest rank's rate")
     p.add_argument("--no-in-run", dest="in_run", action="store_false",
@@ -452,9 +465,10 @@ def main(argv=None) -> int:
                        threads=int(os.environ.get("OMP_NUM_THREADS", "1") or 1))
     if m is not None:
         m["sync_period"] = sync_period(scenario)
-        fit = write_profile(Path(args.out), m, args.device_name, args.fabric_name, args.jitter, args.in_run)
+        out = Path(args.out or Path("runs") / scenario.name / "profile.yaml")
+        fit = write_profile(out, m, args.device_name, args.fabric_name, args.jitter, args.in_run)
         log.info("wrote %s: %.3g GFLOP/s per rank; %.2f GB/s, base %.0f us, hop %.0f us, call %.0f us",
-                 args.out, compute_rate(m, args.jitter) / 1e9, fit.bandwidth_Bps / GB,
+                 out, compute_rate(m, args.jitter) / 1e9, fit.bandwidth_Bps / GB,
                  fit.base_latency_s / US, fit.hop_latency_s / US, fit.call_overhead_s / US)
     return 0
 

@@ -62,8 +62,8 @@ def fmt(value, unit: str) -> str:
     if unit == "%":
         return f"{100 * value:.2f}%"
     if unit == "s":
-        return f"{1e3 * value:.3f} ms"
-    return f"{value / 1e6:.3f} MB"
+        return f"{1e3 * value:,.3f} ms"
+    return f"{value / 1e6:,.3f} MB"
 
 
 def worst_headline(rows: list[dict]) -> float:
