@@ -35,6 +35,7 @@ from .console import print_report
 from .errors import UserError
 from . import resume
 from .scenario import load_raw, load_scenario
+from .scenario_files import find_scenario
 
 log = logging.getLogger("oresearcher.run")
 
@@ -148,7 +149,8 @@ def load(args):
         return _load_resume(args)
     if args.override:
         raise UserError("--override only applies to --resume")
-    path = args.scenario or DEFAULT_SCENARIO
+    path = find_scenario(args.scenario or DEFAULT_SCENARIO)
+    log.info("scenario file: %s", path)
     scenario = load_scenario(path, scenario_overrides(args, load_raw(path)))
     out = Path(args.out or Path("runs") / scenario.name / args.backend)
     return scenario, out, []

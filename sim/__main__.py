@@ -25,6 +25,7 @@ from oresearcher.errors import cli_main
 from oresearcher.progress import ProgressLines
 from oresearcher.report import write_json
 from oresearcher.scenario import load_scenario, parse_override
+from oresearcher.scenario_files import find_scenario
 from oresearcher.trace import write_trace
 
 from .bench import OPS, collective_bench
@@ -153,7 +154,8 @@ def cmd_bench(args) -> int:
 
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="python -m oresearcher.sim", description=__doc__.split("\n")[0])
-    p.add_argument("scenario", help="scenario YAML file, e.g. scenarios/8xA100.yaml")
+    p.add_argument("scenario", help="scenario YAML file, e.g. scenarios/8xA100.yaml; from another directory a "
+                                    "shipped scenario's name (8xA100) finds it")
     p.add_argument("--out", help="output directory (default runs/<scenario name>)")
     p.add_argument("--set", action="append", default=[], metavar="PATH=VALUE", help="override a scenario field")
     p.add_argument("--sweep", metavar="PATH=V1,V2,...", help="run once per value and compare")
@@ -164,6 +166,8 @@ def parse_args(argv):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    args.scenario = str(find_scenario(args.scenario))
+    console.print(f"scenario file: {args.scenario}", style="dim", highlight=False)
     if args.collective_bench:
         return cmd_bench(args)
     if args.sweep:
