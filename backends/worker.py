@@ -31,7 +31,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from oresearcher.errors import UserError, cli_main
+from oresearcher.errors import UserError, cli_main, short
 from oresearcher.programs import AgentContext, get_program
 from oresearcher.programs.learner import DTYPES
 from oresearcher.report import Span, Timeline, summarize, write_json
@@ -79,11 +79,11 @@ def load_factory(spec: str):
     """``"package.module:function"`` -> the function."""
     module, _, name = spec.partition(":")
     if not module or not name:
-        raise UserError(f"--learner {spec!r}: expected MODULE:FUNCTION")
+        raise UserError(f"--learner {short(spec)}: expected MODULE:FUNCTION")
     try:
         return getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError) as e:
-        raise UserError(f"--learner {spec!r}: {e}") from None
+    except (ImportError, AttributeError, ValueError, TypeError) as e:
+        raise UserError(f"--learner {short(spec)}: {short(str(e))}") from None
 
 
 def build_learner(scenario, rank: int, device, spec: Optional[str]):

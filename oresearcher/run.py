@@ -253,8 +253,12 @@ def _launch(scenario, opts, args, diffs, argv) -> int:
     """Start one local rank per agent and watch them (we play torchrun's part)."""
     from oresearcher.backends import launcher, rundir
 
+    from oresearcher.backends.worker import load_factory
+
     out, world = opts.out_dir, scenario.world_size
     check_local_world(world, args.backend)
+    if args.learner:
+        load_factory(args.learner)  # a bad --learner is one line here, not one per rank
     with rundir.RunLock(out):
         cmd = [sys.executable, "-m", "oresearcher.run", *(sys.argv[1:] if argv is None else argv)]
         if args.resume:

@@ -1,10 +1,16 @@
 """Scenario files: parsed once, at the boundary, into validated typed models.
 
-A scenario is a YAML file (see ``scenarios/``). ``load_scenario`` reads it with
-``yaml.safe_load``, applies ``--set path.to.field=value`` overrides and validates it;
-unknown keys are errors. Every error is a :class:`~oresearcher.errors.UserError` whose
-one line names the file, the field path and the bad value. Nothing downstream passes raw
-dicts around.
+A scenario is a YAML file (see ``scenarios/``). ``load_scenario`` reads it with a
+budgeted safe loader (:mod:`oresearcher.yamlsafe`: size, alias and depth caps, no
+duplicate keys, no empty file), applies ``--set path.to.field=value`` overrides and
+validates it; unknown keys are errors. Every error is a
+:class:`~oresearcher.errors.UserError` whose one line names the file, the field path and
+the bad value (at most ~200 characters of it). Nothing downstream passes raw dicts around.
+
+Every number has a finite range that a real run could use (``MAX_WORLD`` ranks,
+``MAX_STEPS`` steps, ...), so a typo fails here instead of hanging the simulator or
+starting 262,144 ranks; ``true``/``false`` are not numbers; ``name`` is a slug (it names
+the output directory, so it must not be a path).
 
 Units: sizes in the scenario carry their unit in the field name (``bucket_size_MB``,
 MB = 10^6 bytes); everything inside the code is seconds, bytes, bytes/s and FLOP/s.
@@ -12,33 +18,53 @@ MB = 10^6 bytes); everything inside the code is seconds, bytes, bytes/s and FLOP
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Annotated, Any, Literal, Optional
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, ValidationError,
+                      field_validator, model_validator)
 
-from .errors import UserError
+from . import yamlsafe
+from .errors import UserError, short
 
 MB = 10**6
+MAX_WORLD = 16384  # ranks (nodes x gpus_per_node, agents): the largest clusters trained on today
+MAX_STEPS = 10**7
+MAX_BATCH = 2**20  # sequences per step
+MAX_SEQ = 2**20  # tokens per sequence
+MAX_SEED = 2**32 - 1
+MAX_NAME = 100  # characters of a device, fabric or model name
+SLUG = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def _not_bool(v):
+    if isinstance(v, bool):
+        raise ValueError("expected a number, not true/false")
+    return v
+
+
+Int = Annotated[int, BeforeValidator(_not_bool)]
+Float = Annotated[float, BeforeValidator(_not_bool)]
+Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME)]
 
 STRATEGIES = ("oresearcher", "ddp", "local_sgd", "diloco", "single")
 ALGORITHMS = ("auto", "ring", "tree", "direct", "halving_doubling", "hierarchical")
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class ClusterSpec(Strict):
-    nodes: int = Field(1, ge=1, le=4096, description="number of nodes")
-    gpus_per_node: int = Field(8, ge=1, le=64, description="accelerators (or CPU ranks) per node")
-    device: str = Field("A100-SXM4-80GB", description="device profile name (sim/profiles)")
-    intra_node: str = Field("nvswitch-a100", description="fabric profile inside a node")
-    inter_node: Optional[str] = Field(None, description="fabric profile between nodes (NICs + switch)")
-    nics_per_node: int = Field(1, ge=1, le=64, description="network cards per node on inter_node")
-    profile_files: list[str] = Field(
-        default_factory=list,
+    nodes: Int = Field(1, ge=1, le=4096, description="number of nodes")
+    gpus_per_node: Int = Field(8, ge=1, le=64, description="accelerators (or CPU ranks) per node")
+    device: Name = Field("A100-SXM4-80GB", description="device profile name (sim/profiles)")
+    intra_node: Name = Field("nvswitch-a100", description="fabric profile inside a node")
+    inter_node: Optional[Name] = Field(None, description="fabric profile between nodes (NICs + switch)")
+    nics_per_node: Int = Field(1, ge=1, le=64, description="network cards per node on inter_node")
+    profile_files: list[Annotated[str, Field(min_length=1, max_length=4096)]] = Field(
+        default_factory=list, max_length=16,
         description="extra profile YAML files (e.g. from `oresearcher.calibrate`), relative to the scenario",
     )
 
@@ -48,6 +74,8 @@ class ClusterSpec(Strict):
 
     @model_validator(mode="after")
     def _multi_node_needs_fabric(self):
+        if self.world_size > MAX_WORLD:
+            raise ValueError(f"nodes x gpus_per_node = {self.world_size} is more than {MAX_WORLD} ranks")
         if self.nodes > 1 and not self.inter_node:
             raise ValueError("a cluster with more than one node needs cluster.inter_node")
         return self
@@ -57,28 +85,40 @@ class WorkloadSpec(Strict):
     task: Literal["synthetic-lm", "digits", "cartpole"] = Field(
         "synthetic-lm", description="what is trained; synthetic-lm trains a model preset on random tokens"
     )
-    model: str = Field("gpt-1.3b", description="model preset (oresearcher.models.PRESETS) or task model name")
-    global_batch: int = Field(64, ge=1, description="samples (sequences) per step, all agents together")
-    seq_len: int = Field(2048, ge=1, description="tokens per sequence (synthetic-lm)")
+    model: Name = Field("gpt-1.3b", description="model preset (oresearcher.models.PRESETS) or task model name")
+    global_batch: Int = Field(64, ge=1, le=MAX_BATCH, description="samples (sequences) per step, all agents together")
+    seq_len: Int = Field(2048, ge=1, le=MAX_SEQ, description="tokens per sequence (synthetic-lm)")
     dtype: Literal["fp32", "bf16", "fp16"] = Field("bf16", description="compute and gradient dtype")
     optimizer: Literal["adamw", "sgd"] = "adamw"
     activation_checkpointing: bool = False
 
+    @field_validator("model")
+    @classmethod
+    def _known_model(cls, model, info):
+        from .tasks import model_names
+
+        task = info.data.get("task")  # declared before model: validated first
+        known = model_names(task) if task else (model,)
+        if model not in known:
+            raise ValueError(f"unknown model for task {task}; known: {', '.join(known)}")
+        return model
+
 
 class RoleMix(Strict):
-    explorer: int = Field(0, ge=0)
-    optimizer: int = Field(0, ge=0)
-    validator: int = Field(0, ge=0)
+    explorer: Int = Field(0, ge=0, le=MAX_WORLD)
+    optimizer: Int = Field(0, ge=0, le=MAX_WORLD)
+    validator: Int = Field(0, ge=0, le=MAX_WORLD)
 
 
 class AgentsSpec(Strict):
-    count: int = Field(8, ge=1, description="number of agents, one rank each")
+    count: Int = Field(8, ge=1, le=MAX_WORLD, description="number of agents, one rank each")
     roles: Optional[RoleMix] = Field(None, description="initial role mix; must add up to count")
-    reward_weights: tuple[float, float, float] = Field(
+    reward_weights: tuple[Annotated[Float, Field(ge=0, le=1000)], Annotated[Float, Field(ge=0, le=1000)],
+                          Annotated[Float, Field(ge=0, le=1000)]] = Field(
         (0.5, 0.3, 0.2), description="weights of task, novelty and safety reward terms"
     )
-    architectures: list[str] = Field(
-        default_factory=list, description="per-agent model names for heterogeneous groups (empty: all alike)"
+    architectures: list[Name] = Field(
+        default_factory=list, max_length=MAX_WORLD, description="per-agent model names for heterogeneous groups (empty: all alike)"
     )
 
     @field_validator("reward_weights")
@@ -100,11 +140,11 @@ class AgentsSpec(Strict):
 
 
 class CommunicationSpec(Strict):
-    interval: int = Field(100, ge=1, description="steps between fusion rounds (communication_interval)")
+    interval: Int = Field(100, ge=1, le=MAX_STEPS, description="steps between fusion rounds (communication_interval)")
     gradient_sharing: bool = Field(True, description="share gradients among agents of one architecture")
-    share_every: int = Field(1, ge=1, description="share gradients every k steps")
-    codec: str = Field("none", description="codec spec for shared gradients, e.g. int8, ef(topk:0.01)")
-    bucket_size_MB: float = Field(25.0, gt=0, description="gradient bucket size, MB (10^6 bytes)")
+    share_every: Int = Field(1, ge=1, le=MAX_STEPS, description="share gradients every k steps")
+    codec: str = Field("none", max_length=200, description="codec spec for shared gradients, e.g. int8, ef(topk:0.01)")
+    bucket_size_MB: Float = Field(25.0, gt=0, le=1e5, description="gradient bucket size, MB (10^6 bytes)")
     overlap: bool = Field(True, description="overlap bucketed communication with backward compute")
     algorithm: Literal[ALGORITHMS] = Field("auto", description="collective algorithm; auto picks the fastest")
 
@@ -123,11 +163,11 @@ class CommunicationSpec(Strict):
 
 class TrainingSpec(Strict):
     strategy: Literal[STRATEGIES] = "oresearcher"
-    steps: int = Field(300, ge=1, description="training steps per agent")
-    lr: float = Field(3e-4, gt=0, description="learning rate")
-    local_steps: int = Field(10, ge=1, description="H for local_sgd/diloco: steps between averaging")
-    checkpoint_every: int = Field(0, ge=0, description="steps between checkpoints (0: none)")
-    eval_every: int = Field(0, ge=0, description="steps between held-out evaluations recorded in the "
+    steps: Int = Field(300, ge=1, le=MAX_STEPS, description="training steps per agent")
+    lr: Float = Field(3e-4, gt=0, le=10, description="learning rate (above 10 is a typo)")
+    local_steps: Int = Field(10, ge=1, le=MAX_STEPS, description="H for local_sgd/diloco: steps between averaging")
+    checkpoint_every: Int = Field(0, ge=0, le=MAX_STEPS, description="steps between checkpoints (0: none)")
+    eval_every: Int = Field(0, ge=0, le=MAX_STEPS, description="steps between held-out evaluations recorded in the "
                             "report's metrics (0: only after the last step)")
 
 
@@ -143,35 +183,35 @@ class RolePolicySpec(Strict):
     policy: Literal["dynamic", "static", "plain"] = Field(
         "dynamic", description="dynamic: re-assign roles after every fusion round; static: keep the "
         "initial mix; plain: no specialisation (every agent trains plainly and validates)")
-    explorer_lr_scale: float = Field(2.0, gt=0, le=100, description="explorer learning rate / base lr (ratio)")
-    explorer_noise: float = Field(0.01, ge=0, le=1, description="explorer parameter noise after each round, "
+    explorer_lr_scale: Float = Field(2.0, gt=0, le=100, description="explorer learning rate / base lr (ratio)")
+    explorer_noise: Float = Field(0.01, ge=0, le=1, description="explorer parameter noise after each round, "
                                   "std relative to the parameters' RMS (0..1)")
-    explorer_epsilon_scale: float = Field(2.0, ge=1, le=100, description="explorer epsilon/temperature multiplier (>= 1)")
+    explorer_epsilon_scale: Float = Field(2.0, ge=1, le=100, description="explorer epsilon/temperature multiplier (>= 1)")
     optimizer_method: Literal["sam", "swa"] = Field("sam", description="optimizer role: SAM (2 passes/step) or SWA")
-    sam_rho: float = Field(0.05, gt=0, le=10, description="SAM neighbourhood radius (L2 norm of the perturbation)")
-    exploit_fraction: float = Field(0.2, ge=0, le=0.5, description="PBT exploit: bottom fraction copies the top (0..0.5)")
-    plateau_rounds: int = Field(2, ge=1, le=1000, description="rounds over which validation-loss plateau is judged")
-    plateau_tol: float = Field(0.01, ge=0, le=1, description="relative val-loss improvement below which it is a plateau")
-    divergence_factor: float = Field(3.0, gt=1, le=1e6, description="flag an agent whose val loss exceeds this x the median")
-    lr_jitter: float = Field(0.2, ge=0, le=3, description="initial per-agent lr multiplier exp(U(-j, j)) (heterogeneity)")
+    sam_rho: Float = Field(0.05, gt=0, le=10, description="SAM neighbourhood radius (L2 norm of the perturbation)")
+    exploit_fraction: Float = Field(0.2, ge=0, le=0.5, description="PBT exploit: bottom fraction copies the top (0..0.5)")
+    plateau_rounds: Int = Field(2, ge=1, le=1000, description="rounds over which validation-loss plateau is judged")
+    plateau_tol: Float = Field(0.01, ge=0, le=1, description="relative val-loss improvement below which it is a plateau")
+    divergence_factor: Float = Field(3.0, gt=1, le=1e6, description="flag an agent whose val loss exceeds this x the median")
+    lr_jitter: Float = Field(0.2, ge=0, le=3, description="initial per-agent lr multiplier exp(U(-j, j)) (heterogeneity)")
 
 
 class FusionSpec(Strict):
     """Fusion rounds (oresearcher.fusion)."""
 
     method: Literal["attention", "average"] = Field("attention", description="attention-weighted or plain average")
-    temperature: float = Field(0.1, gt=0, le=1e3, description="softmax temperature tau of the attention weights")
-    similarity_weight: float = Field(0.5, ge=0, le=100, description="weight of parameter similarity in score_ij")
+    temperature: Float = Field(0.1, gt=0, le=1e3, description="softmax temperature tau of the attention weights")
+    similarity_weight: Float = Field(0.5, ge=0, le=100, description="weight of parameter similarity in score_ij")
     outer: Literal["none", "nesterov"] = Field("none", description="outer optimizer on the fusion pseudo-gradient")
-    outer_lr: float = Field(0.7, gt=0, le=10, description="outer Nesterov learning rate (DiLoCo: 0.7)")
-    outer_momentum: float = Field(0.9, ge=0, lt=1, description="outer Nesterov momentum (DiLoCo: 0.9)")
+    outer_lr: Float = Field(0.7, gt=0, le=10, description="outer Nesterov learning rate (DiLoCo: 0.7)")
+    outer_momentum: Float = Field(0.9, ge=0, lt=1, description="outer Nesterov momentum (DiLoCo: 0.9)")
 
 
 class RewardSpec(Strict):
     """Multi-objective reward schedule (oresearcher.rewards)."""
 
     schedule: Literal["constant", "linear", "cosine"] = Field("cosine", description="novelty-weight schedule")
-    novelty_boost: float = Field(0.5, ge=0, le=1, description="novelty weight is x(1+b) at the start, x(1-b) at the end")
+    novelty_boost: Float = Field(0.5, ge=0, le=1, description="novelty weight is x(1+b) at the start, x(1-b) at the end")
     shape_loss: bool = Field(True, description="supervised tasks: the scheduled reward also shapes the training "
                              "loss (disagreement with the peer ensemble, soft safety rule); RL tasks always "
                              "optimise the shaped return")
@@ -181,9 +221,9 @@ class AllocationSpec(Strict):
     """Dynamic resource allocation (oresearcher.allocation)."""
 
     enabled: bool = Field(True, description="re-divide each round's local steps by reward improvement")
-    temperature: float = Field(0.1, gt=0, le=1e3, description="softmax temperature over contributions "
+    temperature: Float = Field(0.1, gt=0, le=1e3, description="softmax temperature over contributions "
                                "(reward improvements per round, rewards in [0, 1])")
-    floor: float = Field(0.5, ge=0, le=1, description="minimum share, as a fraction of the equal share (0..1)")
+    floor: Float = Field(0.5, ge=0, le=1, description="minimum share, as a fraction of the equal share (0..1)")
 
 
 class CooperationSpec(Strict):
@@ -196,8 +236,8 @@ class CooperationSpec(Strict):
 
 
 class Scenario(Strict):
-    name: str = "scenario"
-    seed: int = Field(0, ge=0)
+    name: str = Field("scenario", description="a slug: letters, digits, '.', '_', '-' (names the output directory)")
+    seed: Int = Field(0, ge=0, le=MAX_SEED)
     cluster: ClusterSpec = Field(default_factory=ClusterSpec)
     workload: WorkloadSpec = Field(default_factory=WorkloadSpec)
     agents: AgentsSpec = Field(default_factory=AgentsSpec)
@@ -206,6 +246,25 @@ class Scenario(Strict):
     simulation: SimulationSpec = Field(default_factory=SimulationSpec)
     cooperation: CooperationSpec = Field(default_factory=CooperationSpec)
     _source: Optional[Path] = PrivateAttr(None)
+
+    @field_validator("name", mode="before")
+    @classmethod
+    def _slug(cls, name):
+        if not isinstance(name, str) or not SLUG.fullmatch(name):
+            raise ValueError("a name is a slug of at most 64 letters, digits, '.', '_' or '-', "
+                             "starting with a letter or digit (not a path)")
+        return name
+
+    @model_validator(mode="after")
+    def _known_architectures(self):
+        from .tasks import model_names
+
+        known = model_names(self.workload.task)
+        bad = [a for a in self.agents.architectures if a not in known]
+        if bad:
+            raise ValueError(f"agents.architectures: unknown model {short(bad[0])} for task "
+                             f"{self.workload.task}; known: {', '.join(known)}")
+        return self
 
     @model_validator(mode="after")
     def _agents_fit(self):
@@ -228,14 +287,14 @@ class Scenario(Strict):
 def parse_override(text: str, flag: str = "--set") -> tuple[list[str], Any]:
     """``"a.b.c=value"`` -> (["a","b","c"], value parsed as YAML)."""
     if "=" not in text:
-        raise UserError(f"{flag} {text!r}: expected path.to.field=value")
+        raise UserError(f"{flag} {short(text)}: expected path.to.field=value")
     path, raw = text.split("=", 1)
-    if not path.strip():
-        raise UserError(f"{flag} {text!r}: empty field path")
+    if not path.strip() or any(not k for k in path.strip().split(".")):
+        raise UserError(f"{flag} {short(text)}: empty field path")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
-        value = raw
+        value = yamlsafe.parse(raw, flag) if raw.strip() else ""
+    except UserError:
+        value = raw  # not YAML: the text itself (the field's validator judges it)
     return path.strip().split("."), value
 
 
@@ -246,17 +305,17 @@ def apply_override(data: dict, path: list[str], value: Any, label: str) -> None:
         if child is None:
             child = node[key] = {}
         if not isinstance(child, dict):
-            raise UserError(f"{label}: {'.'.join(path)}: {key} is not a section")
+            raise UserError(f"{label}: {short('.'.join(path))}: {short(key)} is not a section")
         node = child
     node[path[-1]] = value
 
 
 def _format_error(source: str, err: ValidationError) -> str:
     e = err.errors()[0]
-    loc = ".".join(str(p) for p in e["loc"]) or "(top level)"
-    msg = e["msg"].removeprefix("Value error, ")
+    loc = short(".".join(str(p) for p in e["loc"]), 120).strip("'") or "(top level)"
+    msg = e["msg"].removeprefix("Value error, ")[:300]
     got = e.get("input")
-    shown = "" if isinstance(got, dict) else f" (got {got!r})"
+    shown = "" if isinstance(got, dict) else f" (got {short(got)})"
     more = len(err.errors()) - 1
     tail = f"; and {more} more error{'s' if more > 1 else ''}" if more else ""
     return f"{source}: {loc}: {msg}{shown}{tail}"
@@ -272,24 +331,12 @@ def validate(data: Any, source: str) -> Scenario:
 
 
 def read_yaml(path: str | Path) -> Any:
-    p = Path(path)
-    if not p.is_file():
-        raise UserError(f"{p}: no such file")
-    try:
-        return yaml.safe_load(p.read_text())
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" line {mark.line + 1} column {mark.column + 1}" if mark else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise UserError(f"{p}:{where}: YAML syntax error: {problem}") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise UserError(f"{p}: cannot read: {e}") from None
+    """The parsed document of a scenario file (:func:`oresearcher.yamlsafe.read`)."""
+    return yamlsafe.read(path)
 
 
 def load_raw(path: str | Path, overrides: list[str] = ()) -> dict:
     data = read_yaml(path)
-    if data is None:
-        data = {}
     if not isinstance(data, dict):
         raise UserError(f"{path}: expected a mapping of sections, got {type(data).__name__}")
     data = copy.deepcopy(data)

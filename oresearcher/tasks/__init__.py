@@ -20,3 +20,9 @@ TASKS = {
 def make_learner(scenario, rank: int, *, mode: str, device="cpu"):
     task = scenario.workload.task
     return importlib.import_module(TASKS[task]).make_learner(scenario, rank, mode=mode, device=device)
+
+
+def model_names(task: str) -> tuple[str, ...]:
+    """The model names ``task`` can build (its MODELS; synthetic-lm: the transformer PRESETS)."""
+    module = importlib.import_module(TASKS[task])
+    return tuple(getattr(module, "MODELS", None) or getattr(module, "PRESETS"))
