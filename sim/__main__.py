@@ -4,6 +4,8 @@
     python -m oresearcher.sim scenarios/8xA100.yaml --out runs/8xA100 --set training.steps=50
     python -m oresearcher.sim scenarios/8xA100.yaml --sweep communication.bucket_size_MB=5,25,100
     python -m oresearcher.sim scenarios/8xA100.yaml --collective-bench all_reduce
+    python -m oresearcher.sim scenarios/8xA100.yaml --collective-bench all_reduce \
+        --launch single-process --reference ../shared/nccl-reference/oci-spinup-gpu-cluster-a100sxm40-8gpu.csv
 
 Writes report.json, timeline.png, breakdown.png and trace.json (open it in
 ui.perfetto.dev) to --out (default runs/<scenario name>). Bad input: one line on
@@ -28,7 +30,7 @@ from oresearcher.scenario import load_scenario, parse_override
 from oresearcher.scenario_files import find_scenario
 from oresearcher.trace import write_trace
 
-from .bench import OPS, collective_bench
+from .bench import OPS, bench_png, collective_bench, fmt_size, read_reference, reference_error
 from .simulate import build_cluster, simulate
 
 
@@ -136,19 +138,33 @@ def cmd_bench(args) -> int:
     scenario = load_scenario(args.scenario, args.set)
     scenario = scenario.model_copy(update={"agents": scenario.agents.model_copy(
         update={"count": scenario.cluster.world_size, "roles": None, "architectures": []})})
+    refs = [(Path(f).stem, read_reference(f)) for f in args.reference]
     device, topo = build_cluster(scenario)
-    rows = collective_bench(topo, device, args.collective_bench, algorithm=scenario.communication.algorithm)
-    t = Table(title=f"simulated {args.collective_bench} on {scenario.name} ({topo.world_size} ranks)", header_style="bold")
-    for col in ("size (B)", "time (us)", "algbw (GB/s)", "busbw (GB/s)", "algorithm"):
+    topo.launch = args.launch
+    sizes = sorted({s for _, ref in refs for s, _ in ref}) if refs else None
+    op = args.collective_bench
+    rows = collective_bench(topo, device, op, sizes=sizes, algorithm=scenario.communication.algorithm)
+    what = (f"{op} on {scenario.name}: {topo.world_size} ranks, {scenario.cluster.device}, "
+            f"{scenario.cluster.intra_node}" + (f" + {scenario.cluster.inter_node}" if topo.nodes > 1 else "")
+            + f", {args.launch}")
+    t = Table(title=f"simulated {what}", header_style="bold")
+    for col in ("size", "time (us)", "algbw (GB/s)", "busbw (GB/s)", "algorithm"):
         t.add_column(col, justify="right")
+    ref_time = [dict(ref) for _, ref in refs]
+    for i, _ in enumerate(refs):
+        t.add_column(f"ref {i + 1} (us)", justify="right")
     for r in rows:
-        t.add_row(f"{r['size_bytes']:,}", f"{r['time_us']:,.2f}", f"{r['algbw_GBps']:.2f}", f"{r['busbw_GBps']:.2f}", r["algorithm"])
+        t.add_row(fmt_size(r["size_bytes"]), f"{r['time_us']:,.2f}", f"{r['algbw_GBps']:.2f}", f"{r['busbw_GBps']:.2f}",
+                  r["algorithm"], *[f"{m[r['size_bytes']]:,.1f}" if r["size_bytes"] in m else "" for m in ref_time])
     console.print(t)
+    errors = {label: reference_error(rows, ref) for label, ref in refs}
+    for i, (label, e) in enumerate(errors.items()):
+        console.print(f"ref {i + 1}: {label}\n  error {e:.1%} = exp(mean |ln(simulated/measured)|) - 1")
     out = Path(args.out or f"runs/{scenario.name}")
-    write_json(out / f"collective_bench_{args.collective_bench}.json",
-               {"op": args.collective_bench, "world_size": topo.world_size, "rows": rows})
-    plots.collective_bench_png(args.collective_bench, rows, out / f"collective_bench_{args.collective_bench}.png")
-    console.print(f"wrote {out}/collective_bench_{args.collective_bench}.json and .png")
+    write_json(out / f"collective_bench_{op}.json", {"op": op, "world_size": topo.world_size, "launch": args.launch,
+                                                      "rows": rows, "reference_error": errors})
+    bench_png(op, rows, out / f"collective_bench_{op}.png", f"simulated {what}", refs)
+    console.print(f"wrote {out}/collective_bench_{op}.json and .png")
     return 0
 
 
@@ -161,6 +177,12 @@ def parse_args(argv):
     p.add_argument("--sweep", metavar="PATH=V1,V2,...", help="run once per value and compare")
     p.add_argument("--collective-bench", choices=OPS, metavar="OP", help=f"nccl-tests-style table: {', '.join(OPS)}")
     p.add_argument("--mode", choices=("shape", "numeric"), help="override simulation.mode")
+    p.add_argument("--launch", choices=("per-process", "single-process"), default="per-process",
+                   help="--collective-bench: one process per GPU (torchrun, nccl-tests -g 1; default) or one "
+                        "process driving every GPU of a node (nccl-tests -g 8)")
+    p.add_argument("--reference", action="append", default=[], metavar="FILE",
+                   help="--collective-bench: a published curve to print and plot beside the simulation "
+                        "(size_bytes,time_us CSV as in ../shared/nccl-reference, or nccl-tests output); repeatable")
     return p.parse_args(argv)
 
 

@@ -1,16 +1,23 @@
 """nccl-tests-style collective benchmark on the modelled cluster.
 
 Each size runs the collective once on all ranks of the scenario's cluster through the
-event-driven engine. Columns follow nccl-tests (doc/PERFORMANCE.md): ``size`` is the
+event-driven engine; the algorithm column names what ran (``ring/LL``: NCCL's ring with
+the LL protocol, where the fabric has an NCCL model). Columns follow nccl-tests (doc/PERFORMANCE.md): ``size`` is the
 total buffer (for all_gather the gathered output, for reduce_scatter the input),
 algbw = size / time, busbw = algbw x factor with factor 2(n-1)/n for all_reduce,
 (n-1)/n for all_gather, reduce_scatter and alltoall, 1 for broadcast.
 """
 from __future__ import annotations
 
+import csv
+import io
+import math
+from pathlib import Path
+
 import torch
 
 from oresearcher import ops as O
+from oresearcher.errors import UserError
 
 from .engine import Engine
 
@@ -23,6 +30,40 @@ def bus_factor(op: str, n: int) -> float:
     if op == "broadcast":
         return 1.0
     return (n - 1) / n
+
+
+# The published curves shipped in tests/data (copies of ../shared/nccl-reference) and the
+# cluster each ran on: nodes, GPUs per node, inter-node fabric, NICs per node, launch,
+# and the smallest size the model answers for (a -g 8 run's floor hides the kernel).
+REFERENCES = {
+    "abci2-intra-anode-job08-a100sxm40-8gpu": (1, 8, None, 1, "per-process", 0),
+    "oci-spinup-gpu-cluster-a100sxm40-8gpu": (1, 8, None, 1, "single-process", 2**20),
+    "oci-spinup-gpu-cluster-61925d8-a100sxm40-2node-roce": (2, 8, "roce-100g", 16, "per-process", 0),
+}
+
+
+def reference_check(name: str, path) -> tuple[list[dict], list[tuple[int, float]], float]:
+    """Simulate the all-reduce sizes of a shipped reference on its A100 cluster:
+    (simulated rows, reference rows, error as :func:`reference_error`)."""
+    from .hardware import builtin_profiles
+    from .topology import build_topology
+
+    nodes, g, inter, nics, launch, lo = REFERENCES[name]
+    cat = builtin_profiles()
+    topo = build_topology(nodes * g, g, cat["fabric", "nvswitch-a100"], cat["fabric", inter] if inter else None,
+                          nics, launch)
+    ref = read_reference(path)
+    rows = collective_bench(topo, cat["device", "A100-SXM4-80GB"], "all_reduce", [s for s, _ in ref])
+    return rows, ref, reference_error(rows, ref, lo)
+
+
+def fmt_size(nbytes: int) -> str:
+    """Binary units, as message sizes are powers of two: 8 B, 64 KiB, 1.5 MiB, 8 GiB."""
+    for unit, k in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if nbytes >= 1 << k:
+            v = nbytes / (1 << k)
+            return f"{v:.0f} {unit}" if v == int(v) else f"{v:.3g} {unit}"
+    return f"{nbytes} B"
 
 
 def default_sizes(lo: int = 8, hi: int = 8 * 2**30) -> list[int]:
@@ -60,6 +101,74 @@ def collective_bench(topo, device, op: str, sizes=None, algorithm: str = "auto")
         t = max(tl.step_ends[r][-1] for r in range(n))
         algos = sorted({s.args.get("algorithm") for s in tl.spans if s.cat == "comm"})
         algbw = size / t / 1e9 if t > 0 else 0.0
-        rows.append({"size_bytes": size, "time_us": t * 1e6, "algbw_GBps": algbw,
+        rows.append({"size_bytes": size, "ranks": n, "time_us": t * 1e6, "algbw_GBps": algbw,
                      "busbw_GBps": algbw * bus_factor(op, n), "algorithm": ",".join(a for a in algos if a)})
     return rows
+
+
+def read_reference(path) -> list[tuple[int, float]]:
+    """(size bytes, time us) rows of a published curve: the CSV of ../shared/nccl-reference
+    (``size_bytes,time_us,...`` after ``#`` comment lines) or raw nccl-tests output
+    (rows of ``size count type redop root time algbw busbw ...``; out-of-place time)."""
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"{p}: no such reference file")
+    lines = [ln for ln in p.read_text(errors="replace").splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    rows = []
+    if lines and lines[0].startswith("size_bytes"):
+        for rec in csv.DictReader(io.StringIO("\n".join(lines))):
+            try:
+                rows.append((int(rec["size_bytes"]), float(rec["time_us"])))
+            except (KeyError, TypeError, ValueError):
+                raise UserError(f"{p}: bad row {rec}") from None
+    else:
+        for ln in lines:
+            f = ln.split()
+            if len(f) >= 6 and f[0].isdigit():
+                try:
+                    rows.append((int(f[0]), float(f[5])))
+                except ValueError:
+                    continue
+    rows = [(s, t) for s, t in rows if s > 0 and t > 0 and math.isfinite(t)]
+    if not rows:
+        raise UserError(f"{p}: no (size, time) rows: expected a size_bytes,time_us CSV or nccl-tests output")
+    return rows
+
+
+def reference_error(rows: list[dict], ref: list[tuple[int, float]], min_size: int = 0) -> float:
+    """exp(mean |ln(simulated / measured)|) - 1 over the sizes both have (>= min_size)."""
+    sim = {r["size_bytes"]: r["time_us"] for r in rows}
+    logs = [abs(math.log(sim[s] / t)) for s, t in ref if s in sim and s >= min_size]
+    if not logs:
+        raise UserError("the reference and the simulated sizes have no size in common")
+    return math.exp(sum(logs) / len(logs)) - 1
+
+
+def bench_png(op: str, rows: list[dict], path, title: str, refs=()) -> None:
+    """Time and bus bandwidth against size; reference curves ``(label, rows)`` overlaid."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax_t, ax_b) = plt.subplots(1, 2, figsize=(10, 3.8))
+    sizes = [r["size_bytes"] for r in rows]
+    ax_t.plot(sizes, [r["time_us"] for r in rows], "o-", label="simulated", ms=3)
+    ax_b.semilogx(sizes, [r["busbw_GBps"] for r in rows], "o-", base=2, label="simulated", ms=3)
+    n = rows[0].get("ranks", 1) if rows else 1
+    for label, ref in refs:
+        xs = [s for s, _ in ref]
+        ax_t.plot(xs, [t for _, t in ref], "s--", label=label, ms=3)
+        ax_b.semilogx(xs, [s / t / 1e3 * bus_factor(op, n) for s, t in ref], "s--", base=2, label=label, ms=3)
+    ax_t.set_xscale("log", base=2)
+    ax_t.set_yscale("log")
+    ax_t.set_ylabel("time (us)")
+    ax_b.set_ylabel("bus bandwidth (GB/s)")
+    for ax in (ax_t, ax_b):
+        ax.set_xlabel("message size (bytes)")
+        ax.grid(alpha=0.3, which="both")
+    ax_b.legend(fontsize=7, loc="upper left")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -223,10 +223,100 @@ def fixed_cost(kind: str, ranks, topo) -> float:
     return proto.call_overhead + proto.base_latency
 
 
+@dataclass(frozen=True)
+class Plan:
+    """How one collective runs: what the engine and the closed form both follow.
+
+    ``fixed`` seconds first, then each phase (its latency, then its flows; ``timing``
+    holds the flows with the bytes that set their duration, ``phases`` the bytes that
+    cross the wire), and the call never takes less than ``floor`` seconds in all."""
+    label: str
+    fixed: float
+    phases: tuple  # of Phase, payload bytes
+    timing: tuple  # of (latency seconds, Phase with timing bytes)
+    floor: float = 0.0
+
+
+def _nccl_applies(kind, requested, topo) -> bool:
+    return (topo.intra.nccl is not None and requested in ("auto", "ring", "tree")
+            and kind in ("AllReduce", "ReduceScatter", "AllGather", "Broadcast", "Barrier"))
+
+
+def plan(kind: str, ranks: tuple, nbytes: float, topo, requested: str = "auto", root=None) -> Plan:
+    """The plan of one collective: NCCL's protocol model where the fabric has one
+    (:mod:`.nccl`), else the alpha-beta algorithms of this module."""
+    if len(ranks) <= 1:
+        return Plan("ring", 0.0, (), ())
+    if _nccl_applies(kind, requested, topo):
+        return _nccl_plan("AllReduce" if kind == "Barrier" else kind, ranks, float(nbytes), topo, requested, root)
+    algo = choose_algorithm(kind, ranks, nbytes, topo, requested)
+    ph = phases(kind, algo, ranks, nbytes, topo.node_of, root)
+    return Plan(algo, fixed_cost(kind, ranks, topo), tuple(ph), tuple((phase_latency(p, topo), p) for p in ph))
+
+
+def _nccl_plan(kind, ranks, S, topo, requested, root) -> Plan:
+    from . import nccl as N
+
+    p = topo.intra.nccl
+    groups = _by_node(ranks, topo.node_of)
+    nodes = len(groups) if groups else len({topo.node_of[r] for r in ranks})
+    net = topo.inter.nccl_net if (nodes > 1 and topo.inter is not None) else None
+    if nodes > 1 and net is None:
+        raise ValueError(f"inter-node fabric {topo.inter.name if topo.inter else None!r} has no nccl_net section")
+    c = N.choose(kind, S, len(ranks), nodes, topo.bus_bandwidth(ranks), p, net, requested)
+    rails = min(p.channels, len(groups[0])) if (groups and nodes > 1) else 1
+    ph = _rail_phases(kind, c.algorithm, ranks, S, groups if nodes > 1 else None, rails, root)
+    timing = tuple((0.0, Phase(tuple((s, d, b / c.bw_factor) for s, d, b in q.flows), q.steps)) for q in ph)
+    local = max(len(g) for g in groups) if groups else len(ranks)
+    floor = N.host_floor(topo.launch, local, topo.intra.call_overhead, p.launch_us * 1e-6)
+    return Plan(c.label, c.latency, tuple(ph), timing, floor)
+
+
+def _rail_orders(ranks, groups, rails):
+    """One visiting order per channel: node after node, each node's ranks rotated by the
+    channel, so channel c leaves every node through local rank c-1's NIC (rail aligned,
+    as NCCL's ring graph on DGX-style nodes)."""
+    if groups is None:
+        return [list(ranks)]
+    return [[g[(c + j) % len(g)] for g in groups for j in range(len(g))] for c in range(rails)]
+
+
+def _rail_phases(kind, algo, ranks, S, groups, rails, root):
+    """Payload flows of a ring or tree collective split over ``rails`` channels (one
+    phase: NCCL pipelines the steps; their latency is in the plan's fixed cost)."""
+    n = len(ranks)
+    flows = []
+    for order in _rail_orders(ranks, groups, rails):
+        if algo == "tree":
+            # NCCL's tree: a chain inside each node, a binary tree over the chains' heads;
+            # every edge carries the reduction up and the broadcast down.
+            m = len(groups[0]) if groups else n
+            chains = [order[i:i + m] for i in range(0, n, m)]
+            edges = [e for ch in chains for e in zip(ch, ch[1:])] + _tree_edges([ch[0] for ch in chains])
+            flows += [f for a, b in edges for f in ((a, b, S / rails), (b, a, S / rails))]
+        elif kind == "Broadcast":
+            start = order.index(ranks[0] if root is None else root)
+            chain = order[start:] + order[:start]
+            flows += [(chain[k], chain[k + 1], S / rails) for k in range(n - 1)]
+        else:
+            per = {"AllReduce": 2 * (n - 1) / n * S, "ReduceScatter": (n - 1) / n * S,
+                   "AllGather": (n - 1) * S}[kind] / rails
+            flows += [(order[i], order[(i + 1) % n], per) for i in range(n)]
+    return [Phase(tuple(flows), 1)]
+
+
+def plan_time(pl: Plan, topo) -> float:
+    """Time of a plan alone on an idle network."""
+    t = pl.fixed + sum(lat + phase_transfer_time(p, topo) for lat, p in pl.timing)
+    return max(t, pl.floor)
+
+
 def closed_form_time(kind: str, algorithm: str, ranks: tuple, nbytes: float, topo, root=None) -> float:
     """Time of one collective alone on an idle network (the closed-form tier)."""
     if len(ranks) <= 1:
         return 0.0
+    if _nccl_applies(kind, algorithm, topo):
+        return plan_time(plan(kind, ranks, nbytes, topo, algorithm, root), topo)
     ph = phases(kind, algorithm, ranks, nbytes, topo.node_of, root)
     return fixed_cost(kind, ranks, topo) + sum(phase_latency(p, topo) + phase_transfer_time(p, topo) for p in ph)
 
@@ -242,5 +332,10 @@ def choose_algorithm(kind: str, ranks: tuple, nbytes: float, topo, requested: st
         candidates = [a for a in _SUPPORTED[kind]
                       if not (a == "direct" and len(ranks) > DIRECT_MAX_RANKS and kind != "AllToAll")]
         best = memo[key] = min(
-            candidates, key=lambda a: (closed_form_time(kind, a, ranks, nbytes, topo), _SUPPORTED[kind].index(a)))
+            candidates, key=lambda a: (_alpha_beta_time(kind, a, ranks, nbytes, topo), _SUPPORTED[kind].index(a)))
     return best
+
+
+def _alpha_beta_time(kind, algorithm, ranks, nbytes, topo):
+    ph = phases(kind, algorithm, ranks, nbytes, topo.node_of)
+    return fixed_cost(kind, ranks, topo) + sum(phase_latency(p, topo) + phase_transfer_time(p, topo) for p in ph)

@@ -205,24 +205,21 @@ class Engine:
         return dict(zip(inst.ranks, O.collective_results(inst.kind, ordered, inst.ranks)))
 
     def _plan(self, inst):
-        """Fixed cost, [(latency, routes, bytes)] per phase and bytes per rank; cached."""
+        """(plan, [(latency, routes, bytes)] per phase, wire bytes per rank); cached."""
         first = inst.ops[inst.ranks[0]]
         nbytes = max(inst.sizes)
         root = getattr(first, "src", None) if inst.kind == "Broadcast" else None
         requested = getattr(first, "algorithm", None) or self.algorithm
         key = (inst.kind, inst.ranks, nbytes, root, requested)
-        plan = self._plans.get(key)
-        if plan is None:
-            algo = C.choose_algorithm(inst.kind, inst.ranks, nbytes, self.topo, requested) if len(inst.ranks) > 1 else "ring"
-            ph = C.phases(inst.kind, algo, inst.ranks, nbytes, self.topo.node_of, root)
+        hit = self._plans.get(key)
+        if hit is None:
+            pl = C.plan(inst.kind, inst.ranks, nbytes, self.topo, requested, root)
             steps = []
-            for p in ph:
+            for latency, p in pl.timing:
                 live = [(self.topo.route(s, d), float(b)) for s, d, b in p.flows if b > 0 and s != d]
-                steps.append((C.phase_latency(p, self.topo), tuple(r for r, _ in live), [b for _, b in live]))
-            wire = C.wire_bytes_by_rank(ph)
-            fixed = C.fixed_cost(inst.kind, inst.ranks, self.topo) if len(inst.ranks) > 1 else 0.0
-            plan = self._plans[key] = (fixed, steps, wire, algo)
-        return plan
+                steps.append((latency, tuple(r for r, _ in live), [b for _, b in live]))
+            hit = self._plans[key] = (pl, steps, C.wire_bytes_by_rank(pl.phases))
+        return hit
 
     def _run(self, inst):
         env = self.env
@@ -232,14 +229,18 @@ class Engine:
                 self.tl.record(r, "peer_wait", inst.name, inst.issued[r], last)
         inst.sizes = {O.payload_bytes(o) for o in inst.ops.values()}
         inst.results = self._results(inst)
-        fixed, steps, wire, algo = self._plan(inst)
-        if fixed:
-            yield env.timeout(fixed)
+        pl, steps, wire = self._plan(inst)
+        start = env.now
+        if pl.fixed:
+            yield env.timeout(pl.fixed)
         for latency, routes, nbytes in steps:
             if latency:
                 yield env.timeout(latency)
             if routes:
                 yield self.net.start(routes, nbytes)
+        if env.now - start < pl.floor:  # the host had not enqueued the next call yet
+            yield env.timeout(pl.floor - (env.now - start))
+        algo = pl.label
         for r in inst.ranks:
             self.tl.record(r, "comm", inst.name, inst.issued[r], env.now, int(wire.get(r, 0)),
                            {"kind": inst.kind, "algorithm": algo})

@@ -56,6 +56,37 @@ class DeviceProfile(_Strict):
         return self.host_overhead_us * US
 
 
+Proto = Literal["LL", "LL128", "Simple"]
+
+
+class NcclParams(_Strict):
+    """How NCCL runs collectives on this fabric (see :mod:`oresearcher.sim.nccl`); per
+    protocol tables are keyed LL, LL128, Simple. Values come from NCCL's tuning.cc /
+    enqueue.cc unless the profile's comment names a measurement."""
+
+    channels: int = Field(ge=1, le=64, description="ring channels NCCL builds")
+    threads: dict[Proto, int] = Field(description="threads per channel at full size")
+    thread_threshold: dict[Proto, int] = Field(description="bytes per thread before a channel is added")
+    saturating_threads: int = Field(ge=1, description="threads a channel needs for its full rate")
+    base_latency_us: dict[Proto, float] = Field(description="ring start-up latency, microseconds")
+    tree_base_latency_us: dict[Proto, float] = Field(description="tree start-up latency, microseconds")
+    ring_hop_latency_us: dict[Proto, float] = Field(description="per ring step on this fabric, microseconds")
+    tree_hop_latency_us: dict[Proto, float] = Field(description="per tree level on this fabric, microseconds")
+    channel_GBps: dict[Proto, float] = Field(description="bus bandwidth one channel (thread block) copies, GB/s")
+    tuner_channel_GBps: dict[Proto, float] = Field(description="per-channel ceiling NCCL's tuner assumes, GB/s")
+    tree_busbw_cap_GBps: dict[Proto, float] = Field(description="tree bus-bandwidth ceiling, GB/s")
+    tree_correction: dict[Proto, list[float]] = Field(description="tree bandwidth factor by log2(bytes/64)")
+    kernel_overhead_us: float = Field(ge=0, description="per collective kernel, beyond the tuner's latency, microseconds")
+    launch_us: float = Field(ge=0, description="one kernel launch when one process drives all GPUs, microseconds")
+
+
+class NcclNetParams(_Strict):
+    """NCCL's per-step latencies across the network (tuning.cc hwLat, NET row)."""
+
+    ring_hop_latency_us: dict[Proto, float]
+    tree_hop_latency_us: dict[Proto, float]
+
+
 class FabricProfile(_Strict):
     kind: Literal["fabric"] = "fabric"
     name: str
@@ -66,6 +97,10 @@ class FabricProfile(_Strict):
     base_latency_us: float = Field(ge=0, description="per collective, microseconds")
     hop_latency_us: float = Field(ge=0, description="per algorithm step, microseconds")
     call_overhead_us: float = Field(ge=0, description="per collective call on the host, microseconds")
+    # Inside a node: NCCL's protocol model (absent: the plain alpha-beta model above).
+    nccl: Optional[NcclParams] = None
+    # Between nodes: NCCL's network step latencies.
+    nccl_net: Optional[NcclNetParams] = None
 
     @property
     def bandwidth(self) -> float:

@@ -27,6 +27,7 @@ class Topology:
     intra: FabricProfile
     inter: Optional[FabricProfile] = None
     nics_per_node: int = 1
+    launch: str = "per-process"  # NCCL host side: one process per GPU, or one driving all ("single-process")
     capacity: list = field(default_factory=list)  # bytes/s per link
     names: list = field(default_factory=list)
     _routes: dict = field(default_factory=dict)
@@ -79,6 +80,15 @@ class Topology:
     def hop_latency(self, src: int, dst: int) -> float:
         return self.intra.hop_latency if self.same_node(src, dst) else self.inter.hop_latency
 
+    def bus_bandwidth(self, ranks) -> float:
+        """Bytes/s a ring over ``ranks`` can push through its busiest link: a GPU port,
+        or across nodes the NICs the node's ranks reach (rail-aligned)."""
+        bw = self.intra.bandwidth
+        first = [r for r in ranks if self.node_of[r] == self.node_of[ranks[0]]]
+        if self.inter is not None and len(first) < len(ranks):
+            bw = min(bw, len({self.nic(r) for r in first}) * self.inter.bandwidth)
+        return bw
+
     def protocol(self, ranks) -> FabricProfile:
         """The fabric whose protocol costs a collective over ``ranks`` pays."""
         if self.inter is not None and len({self.node_of[r] for r in ranks}) > 1:
@@ -87,5 +97,8 @@ class Topology:
 
 
 def build_topology(world_size: int, gpus_per_node: int, intra: FabricProfile,
-                   inter: Optional[FabricProfile] = None, nics_per_node: int = 1) -> Topology:
-    return Topology(world_size, gpus_per_node, intra, inter, nics_per_node)
+                   inter: Optional[FabricProfile] = None, nics_per_node: int = 1,
+                   launch: str = "per-process") -> Topology:
+    if launch not in ("per-process", "single-process"):
+        raise ValueError(f"launch must be per-process or single-process, got {launch!r}")
+    return Topology(world_size, gpus_per_node, intra, inter, nics_per_node, launch)

@@ -1,0 +1,188 @@
+"""How NCCL moves a collective: algorithm x protocol, channels, latency, launch (pure math).
+
+The alpha-beta model (:mod:`.collectives`) prices a collective from link bandwidth and a
+latency per algorithm step. NCCL is not that simple in the range where gradient buckets
+live (64 KiB - 32 MiB), and this module adds what it does, from its public source
+(``src/graph/tuning.cc`` and ``src/enqueue.cc``, NCCL 2.8-2.18):
+
+- **Protocols.** LL sends 8 bytes of data with an 8-byte flag per 16-byte store (low
+  latency, a fraction of the link); LL128 carries 120 of every 128 bytes; Simple uses
+  the whole link but synchronises through memory fences, so each step costs more.
+  NCCL's tuner gives each (algorithm, protocol) a latency ``base + steps x hop`` and a
+  bus bandwidth ``link x fraction``; it runs the pair with the smallest
+  ``latency + bytes / algbw`` (:func:`choose`). So do we.
+- **Channels.** A ring runs on ``channels`` parallel rings (one CUDA block each). For a
+  small message NCCL uses fewer channels and threads: ``while nbytes < nc * nt *
+  threshold`` drop a channel, then halve the threads (enqueue.cc, getAlgoInfo). A
+  message on fewer channels gets that share of the bus bandwidth (:func:`channels_used`).
+- **Launch.** nccl-tests issues collectives back to back; the host enqueues while the
+  GPU runs the previous one, so a call costs ``max(host, kernel)``. With one process per
+  GPU the host side is one call; with one process driving all GPUs of a node (``-g 8``)
+  it launches one kernel per GPU in turn (:func:`host_floor`).
+
+- **What a channel copies.** A channel is one thread block; it moves at most
+  ``channel_GBps[protocol]`` however fast the link is. On NVLink this, not the link,
+  limits LL and LL128; on a 100-200 Gb/s NIC the link does.
+
+Measured constants, and why (in the fabric profile, with their source): NCCL's latency
+table ranks choices and leaves out the kernel's fixed cost; ``kernel_overhead_us`` is
+the published 8-byte latency minus the table's. LL and LL128 channel rates are half of
+what the tuner assumes (a block polls flags and reduces in one pass). These are read
+off one reference (ABCI, NCCL 2.8) and checked against the others
+(tests/sim/test_nccl.py, benchmarks/bench_collectives.py). The tuner still chooses by its
+own table, as NCCL does; only the time of its choice uses the measured constants.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+PROTOCOLS = ("LL", "LL128", "Simple")
+US = 1e-6
+
+
+@dataclass(frozen=True)
+class Choice:
+    algorithm: str  # "ring" or "tree"
+    protocol: str  # one of PROTOCOLS
+    channels: int  # channels this message runs on
+    threads: int  # threads per channel
+    latency: float  # seconds: protocol start-up plus per-step latencies
+    bw_factor: float  # achieved bus bandwidth / the links' bandwidth
+
+    @property
+    def label(self) -> str:
+        return f"{self.algorithm}/{self.protocol}"
+
+
+def ring_steps(kind: str, n: int, nodes: int) -> tuple[int, int]:
+    """(algorithm steps, of which cross a node boundary) of a ring (tuning.cc)."""
+    if kind == "AllReduce":
+        return 2 * (n - 1), 2 * (nodes - 1)
+    if kind in ("ReduceScatter", "AllGather"):
+        return n - 1, nodes - 1
+    return n - 1, nodes - 1  # Broadcast: a pipelined chain from the root
+
+
+def channels_used(nbytes: float, proto: str, nranks: int, p) -> tuple[int, int]:
+    """(channels, threads per channel) NCCL gives a message of ``nbytes`` (enqueue.cc):
+    each thread gets at least ``threshold`` bytes (x ranks for ring LL)."""
+    nc, nt = p.channels, p.threads[proto]
+    thr = p.thread_threshold[proto] * (nranks if proto == "LL" else 1)
+    while nbytes < nc * nt * thr:
+        if nc >= 2:
+            nc -= 1
+        elif nt % 128 == 0:
+            nt //= 2
+        else:
+            break
+    return nc, nt
+
+
+def protocol_fraction(kind: str, algo: str, proto: str, nodes: int, ppn: int, nbytes: float, p) -> float:
+    """The tuner's bus-bandwidth fraction of the links for (algorithm, protocol)
+    (tuning.cc, 'various model refinements'), with its tree correction for mid sizes."""
+    if proto == "Simple":
+        f = 1.0
+    elif proto == "LL":
+        f = 1 / 3.8 if algo == "tree" else (1 / 4 if (nodes > 1 or kind == "AllReduce") else 1 / 3)
+    elif algo == "ring":  # LL128 carries 120 of every 128 bytes
+        f = 0.7 if ppn < 2 else 0.92
+    else:
+        f = 7 / 9 if nodes == 1 else 0.915
+    if algo == "tree":
+        log_size = int(math.log2(max(nbytes, 64) / 64))
+        f *= 0.9 * (p.tree_correction[proto][log_size] if log_size < len(p.tree_correction[proto]) else 1.0)
+    return f
+
+
+def bandwidth(kind: str, algo: str, proto: str, nbytes: float, n: int, nodes: int, link_Bps: float, p,
+              nc: int, nt: int, tuner: bool = False) -> float:
+    """Bus bandwidth (bytes/s) a message gets: the protocol's share of the links, at most
+    what its ``nc`` channels of ``nt`` threads copy (a channel is one thread block;
+    below ``saturating_threads`` it slows in proportion); trees at most their cap."""
+    links = link_Bps * protocol_fraction(kind, algo, proto, nodes, n // nodes, nbytes, p)
+    if algo == "tree":
+        links = min(links, p.tree_busbw_cap_GBps[proto] * 1e9)
+    if tuner:  # what NCCL's tuner assumes: every channel, its per-channel ceilings
+        return min(links, p.channels * p.tuner_channel_GBps[proto] * 1e9)
+    blocks = nc * p.channel_GBps[proto] * 1e9 * min(1.0, nt / p.saturating_threads)
+    return min(links, blocks)
+
+
+def latency(kind: str, algo: str, proto: str, n: int, nodes: int, p, net=None, nbytes: float = 0.0,
+            tuner: bool = False) -> float:
+    """Seconds of start-up and per-step latency (tuning.cc), plus the kernel's fixed
+    cost the tuner leaves out (``kernel_overhead_us``, measured) unless ``tuner``.
+
+    Ring: ``base + (steps - inter) x intra_hop + inter x net_hop``, LL's intra hop x1.8
+    across nodes, and x1.9 for Simple all-reduce across nodes past the ring's plateau
+    size. Tree: ``base + 2 x ((ppn - 1) x intra_hop + log2(nodes) x net_hop)``.
+    """
+    hops = p.ring_hop_latency_us if algo == "ring" else p.tree_hop_latency_us
+    intra = hops[proto] * (1.8 if nodes > 1 and proto == "LL" else 1.0)
+    inter = 0.0
+    if nodes > 1:
+        inter = (net.ring_hop_latency_us if algo == "ring" else net.tree_hop_latency_us)[proto]
+    if algo == "ring":
+        steps, cross = ring_steps(kind, n, nodes)
+        local, net_part = p.base_latency_us[proto] + (steps - cross) * intra, cross * inter
+        if proto == "Simple" and nodes > 1 and kind == "AllReduce" and nbytes >= n / 16 * 65536:
+            local, net_part = local * 1.9, net_part * 1.9  # "plateau effect of ring" (tuning.cc)
+    else:
+        local = p.tree_base_latency_us[proto] + 2 * (n // nodes - 1) * intra
+        net_part = 2 * math.log2(nodes) * inter
+    return (local + net_part + (0.0 if tuner else p.kernel_overhead_us)) * US
+
+
+def candidates(kind: str, nodes: int) -> tuple[str, ...]:
+    """Algorithms NCCL runs for a collective: tree only for all-reduce (NCCL 2.8-2.18)."""
+    return ("ring", "tree") if kind == "AllReduce" else ("ring",)
+
+
+def estimate(kind: str, algo: str, proto: str, nbytes: float, n: int, nodes: int, link_Bps: float,
+             p, net=None, tuner: bool = False) -> Choice:
+    """One (algorithm, protocol): its channels, latency and bandwidth factor, as achieved
+    or (``tuner``) as NCCL's tuner assumes when it chooses."""
+    nc, nt = (p.channels, p.threads[proto]) if tuner else channels_used(nbytes, proto, n, p)
+    bw = bandwidth(kind, algo, proto, nbytes, n, nodes, link_Bps, p, nc, nt, tuner)
+    return Choice(algo, proto, nc, nt, latency(kind, algo, proto, n, nodes, p, net, nbytes, tuner), bw / link_Bps)
+
+
+def bus_bytes(kind: str, algo: str, nbytes: float, n: int) -> float:
+    """Bytes the busiest link carries per unit of link fraction (nccl-tests bus factor)."""
+    if algo == "tree":
+        return 2.0 * nbytes  # reduce up and broadcast down through each rank's port
+    if kind == "AllReduce":
+        return 2 * (n - 1) / n * nbytes
+    if kind == "AllGather":
+        return (n - 1) * nbytes  # nbytes is one rank's contribution
+    if kind == "ReduceScatter":
+        return (n - 1) / n * nbytes
+    return nbytes  # Broadcast
+
+
+def predicted_time(c: Choice, kind: str, nbytes: float, n: int, busbw_Bps: float) -> float:
+    """The tuner's time: latency + bus bytes / (link bus bandwidth x factor)."""
+    return c.latency + bus_bytes(kind, c.algorithm, nbytes, n) / (busbw_Bps * c.bw_factor)
+
+
+def choose(kind: str, nbytes: float, n: int, nodes: int, busbw_Bps: float, p, net=None,
+           algorithm: str = "auto") -> Choice:
+    """The (algorithm, protocol) NCCL's tuner picks (smallest time by its own table;
+    ``algorithm`` 'ring' or 'tree' restricts it), with what that choice achieves."""
+    algos = candidates(kind, nodes)
+    if algorithm in algos:
+        algos = (algorithm,)
+    pairs = [(a, proto) for a in algos for proto in PROTOCOLS]
+    a, proto = min(pairs, key=lambda ap: predicted_time(
+        estimate(kind, *ap, nbytes, n, nodes, busbw_Bps, p, net, tuner=True), kind, nbytes, n, busbw_Bps))
+    return estimate(kind, a, proto, nbytes, n, nodes, busbw_Bps, p, net)
+
+
+def host_floor(launch: str, local_gpus: int, call_overhead_s: float, launch_s: float) -> float:
+    """Host time per collective in steady state: one call (one process per GPU) or one
+    kernel launch per GPU in turn (one process driving ``local_gpus`` GPUs)."""
+    if launch == "single-process":
+        return local_gpus * launch_s
+    return call_overhead_s
