@@ -34,7 +34,7 @@ import yaml
 from .console import print_report
 from .errors import UserError
 from . import resume
-from .scenario import load_raw, load_scenario
+from .scenario import load_raw, load_scenario, output_dir
 from .scenario_files import find_scenario
 
 log = logging.getLogger("oresearcher.run")
@@ -152,7 +152,7 @@ def load(args):
     path = find_scenario(args.scenario or DEFAULT_SCENARIO)
     log.info("scenario file: %s", path)
     scenario = load_scenario(path, scenario_overrides(args, load_raw(path)))
-    out = Path(args.out or Path("runs") / scenario.name / args.backend)
+    out = Path(args.out) if args.out else output_dir("runs", scenario.name, args.backend)
     return scenario, out, []
 
 

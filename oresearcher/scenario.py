@@ -357,3 +357,12 @@ def scenario_dir(scenario: Scenario) -> Path:
     """Directory that relative paths in the scenario are resolved against."""
     src = getattr(scenario, "_source", None)
     return Path(src).parent if src else Path(".")
+
+
+def output_dir(root: str | Path, *parts: str) -> Path:
+    """``root/parts...``, checked to stay under ``root`` once resolved (symlinks and ``..``
+    included); a scenario name is a slug, so a default output directory never leaves it."""
+    base = Path(root).resolve()
+    if not base.joinpath(*parts).resolve().is_relative_to(base):
+        raise UserError(f"output directory {short(str(Path(root, *parts)))} leaves {root}/")
+    return Path(root, *parts)

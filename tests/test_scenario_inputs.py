@@ -196,6 +196,15 @@ def test_bad_sim_flags_are_one_line_and_exit_2(flags, words, tmp_path, cli, caps
     _check(*cli(sim_main, [path, "--out", str(tmp_path / "o"), *flags], capsys), words)
 
 
+def test_output_dirs_stay_under_their_root(tmp_path):
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "link").symlink_to(tmp_path)
+    assert S.output_dir(tmp_path / "runs", "a", "gloo") == tmp_path / "runs" / "a" / "gloo"
+    for parts in (("..", "x"), ("/abs",), ("link", "x")):
+        with pytest.raises(UserError, match="leaves"):
+            S.output_dir(tmp_path / "runs", *parts)
+
+
 def test_every_numeric_field_has_a_finite_range():
     """Each int or float field of the scenario model carries a lower and an upper bound."""
     import annotated_types as at
