@@ -446,12 +446,13 @@ def main(argv=None) -> int:
     from oresearcher.backends.worker import backend_unavailable
 
     args = build_parser().parse_args(argv)
-    args.scenario = str(find_scenario(args.scenario))
+    given, args.scenario = args.scenario, str(find_scenario(args.scenario))
     denv = launcher.from_environ()
     logging.basicConfig(level="INFO" if denv is None or denv.rank == 0 else "WARNING",
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     scenario = _scenario(args)
-    log.info("scenario file: %s", args.scenario)
+    if args.scenario != given:  # a shipped one: say which
+        log.info("scenario file: %s", args.scenario)
     reason = backend_unavailable(args.backend)
     if reason:
         raise UserError(reason)

@@ -149,9 +149,10 @@ def load(args):
         return _load_resume(args)
     if args.override:
         raise UserError("--override only applies to --resume")
-    path = find_scenario(args.scenario or DEFAULT_SCENARIO)
-    log.info("scenario file: %s", path)
+    path = str(find_scenario(args.scenario or DEFAULT_SCENARIO))
     scenario = load_scenario(path, scenario_overrides(args, load_raw(path)))
+    if path != args.scenario:  # the default, or a shipped one: say which
+        log.info("scenario file: %s", path)
     out = Path(args.out) if args.out else output_dir("runs", scenario.name, args.backend)
     return scenario, out, []
 
