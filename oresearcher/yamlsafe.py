@@ -92,7 +92,7 @@ def read(path: str | Path) -> Any:
     """Read and parse a YAML file; an empty document is an error."""
     p = Path(path)
     if not p.is_file():
-        raise UserError(f"{short(str(p))}: no such file")
+        raise UserError(f"{str(p)[:200]}: no such file")
     try:
         size = p.stat().st_size
         if size > MAX_BYTES:
