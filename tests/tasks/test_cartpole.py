@@ -96,7 +96,8 @@ def test_explorer_epsilon_scale():
 
 
 def test_user_errors():
-    with pytest.raises(UserError, match="cartpole has models"):
-        make_learner(_scenario(model="cnn"), 0, mode="numeric")
+    # an unknown model is refused where the scenario is parsed, naming the known ones
+    with pytest.raises(ValueError, match="unknown model for task cartpole; known: mlp"):
+        _scenario(model="cnn")
     with pytest.raises(UserError, match="numeric or real"):
         make_learner(_scenario(), 0, mode="shape")
