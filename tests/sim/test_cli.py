@@ -9,7 +9,8 @@ import pytest
 from oresearcher.errors import cli_main
 from oresearcher.sim.__main__ import main
 
-SCENARIOS = sorted(Path("scenarios").glob("*.yaml"))
+SCENARIOS = sorted((Path(__file__).resolve().parents[2] / "scenarios").glob("*.yaml"))
+assert SCENARIOS, "no scenario files found next to the tests"
 
 
 def run(argv, capsys):
