@@ -238,8 +238,12 @@ class Plan:
 
 
 def _nccl_applies(kind, requested, topo) -> bool:
-    return (topo.intra.nccl is not None and requested in ("auto", "ring", "tree")
-            and kind in ("AllReduce", "ReduceScatter", "AllGather", "Broadcast", "Barrier"))
+    if topo.intra.nccl is None:
+        return False
+    if kind in ("AllToAll", "SendRecv"):  # NCCL's point-to-point path, whatever was asked
+        return True
+    return requested in ("auto", "ring", "tree") and kind in (
+        "AllReduce", "ReduceScatter", "AllGather", "Broadcast", "Barrier")
 
 
 def plan(kind: str, ranks: tuple, nbytes: float, topo, requested: str = "auto", root=None) -> Plan:
@@ -254,16 +258,38 @@ def plan(kind: str, ranks: tuple, nbytes: float, topo, requested: str = "auto", 
     return Plan(algo, fixed_cost(kind, ranks, topo), tuple(ph), tuple((phase_latency(p, topo), p) for p in ph))
 
 
+def _nccl_p2p_plan(kind, ranks, S, topo) -> Plan:
+    """NCCL's send/recv (all-to-all is one send and one receive per peer, grouped)."""
+    from . import nccl as N
+
+    p = topo.intra.nccl
+    ph = phases(kind, "direct", ranks, S, topo.node_of)
+    per_peer = S if kind == "SendRecv" else S / len(ranks)
+    cross = any(not topo.same_node(s, d) for q in ph for s, d, _ in q.flows)
+    net = topo.inter.nccl_net if (cross and topo.inter is not None) else None
+    if cross and net is None:
+        raise ValueError(f"inter-node fabric {topo.inter.name if topo.inter else None!r} has no nccl_net section")
+    c = N.p2p(per_peer, p, net, topo.intra.bandwidth if not cross else topo.inter.bandwidth)
+    timing = tuple((0.0, Phase(tuple((s, d, b / c.bw_factor) for s, d, b in q.flows), q.steps)) for q in ph)
+    groups = _by_node(ranks, topo.node_of)
+    local = max(len(g) for g in groups) if groups else len(ranks)
+    floor = N.host_floor(topo.launch, local if kind == "AllToAll" else 1, topo.intra.call_overhead, p.launch_us * 1e-6)
+    return Plan(c.label, c.latency, tuple(ph), timing, floor)
+
+
 def _nccl_plan(kind, ranks, S, topo, requested, root) -> Plan:
     from . import nccl as N
 
+    if kind in ("AllToAll", "SendRecv"):
+        return _nccl_p2p_plan(kind, ranks, S, topo)
     p = topo.intra.nccl
     groups = _by_node(ranks, topo.node_of)
     nodes = len(groups) if groups else len({topo.node_of[r] for r in ranks})
     net = topo.inter.nccl_net if (nodes > 1 and topo.inter is not None) else None
     if nodes > 1 and net is None:
         raise ValueError(f"inter-node fabric {topo.inter.name if topo.inter else None!r} has no nccl_net section")
-    c = N.choose(kind, S, len(ranks), nodes, topo.bus_bandwidth(ranks), p, net, requested)
+    total = S * len(ranks) if kind == "AllGather" else S  # NCCL counts the whole buffer
+    c = N.choose(kind, total, len(ranks), nodes, topo.bus_bandwidth(ranks), p, net, requested)
     rails = min(p.channels, len(groups[0])) if (groups and nodes > 1) else 1
     ph = _rail_phases(kind, c.algorithm, ranks, S, groups if nodes > 1 else None, rails, root)
     timing = tuple((0.0, Phase(tuple((s, d, b / c.bw_factor) for s, d, b in q.flows), q.steps)) for q in ph)

@@ -78,6 +78,7 @@ class NcclParams(_Strict):
     tree_correction: dict[Proto, list[float]] = Field(description="tree bandwidth factor by log2(bytes/64)")
     kernel_overhead_us: float = Field(ge=0, description="per collective kernel, beyond the tuner's latency, microseconds")
     launch_us: float = Field(ge=0, description="one kernel launch when one process drives all GPUs, microseconds")
+    p2p_ll_threshold_bytes: int = Field(16384, ge=0, description="send/recv per peer up to this size use LL")
 
 
 class NcclNetParams(_Strict):

@@ -150,13 +150,15 @@ def estimate(kind: str, algo: str, proto: str, nbytes: float, n: int, nodes: int
 
 
 def bus_bytes(kind: str, algo: str, nbytes: float, n: int) -> float:
-    """Bytes the busiest link carries per unit of link fraction (nccl-tests bus factor)."""
+    """Bytes the busiest link carries per unit of link fraction (nccl-tests bus factor).
+    ``nbytes`` throughout this module is NCCL's: the whole buffer (all-gather: the output,
+    n x one rank's part; reduce-scatter: the input)."""
     if algo == "tree":
         return 2.0 * nbytes  # reduce up and broadcast down through each rank's port
     if kind == "AllReduce":
         return 2 * (n - 1) / n * nbytes
     if kind == "AllGather":
-        return (n - 1) * nbytes  # nbytes is one rank's contribution
+        return (n - 1) / n * nbytes
     if kind == "ReduceScatter":
         return (n - 1) / n * nbytes
     return nbytes  # Broadcast
@@ -178,6 +180,20 @@ def choose(kind: str, nbytes: float, n: int, nodes: int, busbw_Bps: float, p, ne
     a, proto = min(pairs, key=lambda ap: predicted_time(
         estimate(kind, *ap, nbytes, n, nodes, busbw_Bps, p, net, tuner=True), kind, nbytes, n, busbw_Bps))
     return estimate(kind, a, proto, nbytes, n, nodes, busbw_Bps, p, net)
+
+
+def p2p(per_peer_bytes: float, p, net=None, link_Bps: float = 0.0) -> Choice:
+    """NCCL's point-to-point path (send/recv; all-to-all is one pair per peer, grouped):
+    LL up to ``p2p_ll_threshold_bytes`` per peer, Simple above (NCCL_P2P_LL_THRESHOLD);
+    one step of latency; LL carries 8 data bytes per 16-byte line. Not yet checked
+    against a published sendrecv_perf / alltoall_perf curve."""
+    proto = "LL" if per_peer_bytes <= p.p2p_ll_threshold_bytes else "Simple"
+    hop = net.ring_hop_latency_us[proto] if net is not None else p.ring_hop_latency_us[proto]
+    lat = (p.kernel_overhead_us + p.base_latency_us[proto] + hop) * US
+    frac = 0.5 if proto == "LL" else 1.0
+    if link_Bps > 0:
+        frac = min(frac, p.channels * p.channel_GBps[proto] * 1e9 / link_Bps)
+    return Choice("p2p", proto, p.channels, p.threads[proto], lat, frac)
 
 
 def host_floor(launch: str, local_gpus: int, call_overhead_s: float, launch_s: float) -> float:

@@ -138,3 +138,34 @@ def test_large_busbw_and_small_latency_targets():
                                  DATA / "nccl-abci2-intra-anode-job08-a100sxm40-8gpu.csv")
     eight = next(r for r in rows if r["size_bytes"] == 8)
     assert abs(eight["time_us"] / 17.0 - 1) <= 0.20
+
+
+def test_send_recv_golden():
+    """1 MiB send/recv on NVSwitch: above the 16 KiB LL threshold, so Simple; one step of
+    latency 6.8 + 8.4 + 3.4 = 18.6 us; the link at min(1, 12 channels x 20 GB/s / 235 GB/s) = 1."""
+    t, S = a100(), 2**20
+    pl = C.plan("SendRecv", (0, 1), S, t)
+    assert pl.label == "p2p/Simple"
+    assert C.plan_time(pl, t) == pytest.approx(18.6 * US + S / (300e9 * 0.78333), rel=1e-9)
+
+
+def test_all_to_all_golden():
+    """64 KiB all-to-all on 8 GPUs: 8 KiB per peer <= 16 KiB, so LL: latency 6.8 + 3.6 + 0.47
+    us; each port sends 7 x 8 KiB at min(LL's 1/2 of the link, 12 x 2.45 GB/s)."""
+    t, S = a100(), 2**16
+    pl = C.plan("AllToAll", tuple(range(8)), S, t)
+    assert pl.label == "p2p/LL"
+    link = 300e9 * 0.78333
+    expect = (6.8 + 3.6 + 0.47) * US + 7 * S / 8 / min(0.5 * link, 12 * 2.45e9)
+    assert C.plan_time(pl, t) == pytest.approx(expect, rel=1e-9)
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.integers(8, 2**32))
+def test_all_gather_and_reduce_scatter_of_one_buffer_cost_the_same(total):
+    """NCCL prices both by the whole buffer with (n-1)/n of it on every link: an all-gather
+    whose output is ``total`` bytes costs what a reduce-scatter of a ``total``-byte input does."""
+    t = a100()
+    ag = C.plan_time(C.plan("AllGather", tuple(range(8)), total / 8, t), t)
+    rs = C.plan_time(C.plan("ReduceScatter", tuple(range(8)), total, t), t)
+    assert ag == pytest.approx(rs, rel=1e-9)
