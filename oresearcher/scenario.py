@@ -226,6 +226,29 @@ class AllocationSpec(Strict):
     floor: Float = Field(0.5, ge=0, le=1, description="minimum share, as a fraction of the equal share (0..1)")
 
 
+class PrivacySpec(Strict):
+    """Differentially private gradient sharing (oresearcher.privacy): DP-SGD in every agent."""
+
+    enabled: bool = Field(False, description="clip per-sample gradients and add Gaussian noise before sharing")
+    clip_norm: Float = Field(1.0, gt=0, le=1e6, description="C: per-sample gradient L2 norm bound (gradient units)")
+    noise_multiplier: Optional[Float] = Field(None, ge=0, le=1e4, description="sigma: noise std / C (ratio); "
+                                              "set this or target_epsilon")
+    target_epsilon: Optional[Float] = Field(None, gt=0, le=1e4, description="epsilon to spend in training.steps "
+                                            "steps; picks sigma (opacus get_noise_multiplier)")
+    delta: Float = Field(1e-5, gt=0, lt=1, description="delta of the (epsilon, delta) guarantee (probability)")
+    accountant: Literal["rdp", "prv"] = Field("rdp", description="opacus accountant: rdp or prv")
+    dataset_size: Optional[Int] = Field(None, ge=1, le=10**12, description="samples of each agent's private data "
+                                        "(sample rate = batch / size); default: the task's training split")
+
+    @model_validator(mode="after")
+    def _one_noise_source(self):
+        if self.noise_multiplier is not None and self.target_epsilon is not None:
+            raise ValueError("set noise_multiplier or target_epsilon, not both")
+        if self.enabled and self.noise_multiplier is None and self.target_epsilon is None:
+            raise ValueError("privacy is enabled: set noise_multiplier or target_epsilon")
+        return self
+
+
 class CooperationSpec(Strict):
     """Options of the cooperative O-Researcher program (training.strategy = oresearcher)."""
 
@@ -233,6 +256,7 @@ class CooperationSpec(Strict):
     fusion: FusionSpec = Field(default_factory=FusionSpec)
     rewards: RewardSpec = Field(default_factory=RewardSpec)
     allocation: AllocationSpec = Field(default_factory=AllocationSpec)
+    privacy: PrivacySpec = Field(default_factory=PrivacySpec)
 
 
 class Scenario(Strict):
@@ -273,6 +297,23 @@ class Scenario(Strict):
                 f"agents.count={self.agents.count} is more than the cluster's "
                 f"{self.cluster.world_size} GPUs (one agent per GPU)"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _privacy_fits(self):
+        p, w = self.cooperation.privacy, self.workload
+        if not p.enabled:
+            return self
+        if self.training.strategy != "oresearcher":
+            raise ValueError("cooperation.privacy needs training.strategy: oresearcher")
+        if self.cooperation.roles.optimizer_method == "sam":
+            raise ValueError("cooperation.privacy needs cooperation.roles.optimizer_method: swa "
+                             "(a SAM ascent step on the raw gradient would leak it)")
+        if w.task == "cartpole":
+            raise ValueError("cooperation.privacy: cartpole's replayed transitions are not a fixed private "
+                             "dataset; privacy runs on supervised tasks")
+        if w.task == "synthetic-lm" and p.dataset_size is None:
+            raise ValueError("cooperation.privacy.dataset_size: synthetic-lm needs it for the sample rate")
         return self
 
     @property

@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .. import privacy as P
 from .. import roles as R
 from ..allocation import AllocationState
 from ..codecs.collectives import two_phase_allreduce
@@ -141,10 +142,15 @@ def _role_lr(cfg, role: str, lr_mult: float, base_lr: float) -> float:
 
 # ---- the pieces of a round (generators of ops) ----------------------------------------
 
-def train_step(ctx, learner, role, cfg, share_group, share, codec):
-    """One local step of ``role``; gradients averaged over ``share_group`` if ``share``."""
+def train_step(ctx, learner, role, cfg, share_group, share, codec, privacy=None):
+    """One local step of ``role``; gradients averaged over ``share_group`` if ``share``.
+    With ``privacy`` every step's gradient is DP-SGD's (oresearcher.privacy), noised
+    before the codec compresses it."""
     flops = learner.fwd_flops + learner.bwd_flops
-    if role == "optimizer" and cfg.roles.optimizer_method == "sam":
+    if privacy is not None:
+        metrics = yield Compute(P.private_forward_backward, learner, privacy, name="dp_fwd_bwd",
+                                flops=P.private_step_flops(flops, privacy.batch, learner.numel))
+    elif role == "optimizer" and cfg.roles.optimizer_method == "sam":
         metrics = yield Compute(R.sam_forward_backward, learner, cfg.roles.sam_rho, flops=2 * flops, name="sam_fwd_bwd")
     else:
         metrics = yield Compute(learner.forward_backward, flops=flops, name="fwd_bwd")
@@ -251,6 +257,7 @@ def cooperative(ctx, learner):
     outer = OuterNesterov(cfg.fusion.outer_lr, cfg.fusion.outer_momentum) if cfg.fusion.outer == "nesterov" else None
     costs = lambda: [step_cost(r, cfg.roles.optimizer_method) for r in st.roles]  # noqa: E731
     swa = ctx.register("swa", R.SWAState())
+    privacy = _privacy(ctx, learner) if cfg.privacy.enabled else None
     loop = ctx.register("loop", LoopState())
     if "loop" in ctx.restored:
         _resumed(ctx, learner, loop, rounds)
@@ -273,7 +280,7 @@ def cooperative(ctx, learner):
         for s in range(my_steps):
             share = (sc.communication.gradient_sharing and len(members) > 1 and s < shared_steps
                      and s % sc.communication.share_every == 0)
-            metrics = yield from train_step(ctx, learner, role, cfg, share_group, share, codec)
+            metrics = yield from train_step(ctx, learner, role, cfg, share_group, share, codec, privacy)
             losses.append(metrics.get("loss", float("nan")))
             if role == "optimizer" and cfg.roles.optimizer_method == "swa":
                 yield Compute(lambda: swa.update(learner.flat_params()), flops=2.0 * learner.numel, name="swa")
@@ -285,6 +292,8 @@ def cooperative(ctx, learner):
         info, steps_next = yield from _round_end(ctx, learner, st, alloc, outer, swa, ids, pad_to, losses, progress,
                                                  units=n * rounds[rnd + 1] if rnd + 1 < len(rounds) else 0)
         metrics.update(info)
+        if privacy is not None:  # per agent, at the scenario's delta (report and TensorBoard)
+            metrics.update(epsilon=privacy.epsilon(), noise_multiplier=privacy.sigma)
         if rnd == len(rounds) - 1:
             metrics.update((yield from _final(ctx, learner, st, ids, pad_to, losses)))
         elif ctx.eval_interval > 0 and ctx.numeric:
@@ -294,6 +303,16 @@ def cooperative(ctx, learner):
         yield StepDone(step, metrics)
         step += 1
     return getattr(learner, "cooperative_result", None)
+
+
+def _privacy(ctx, learner):
+    """This agent's DP mechanism; q = its batch / its private data (the task's training
+    split unless ``privacy.dataset_size`` says otherwise)."""
+    sc = ctx.scenario
+    batch = getattr(getattr(learner, "batches", None), "batch", None) or math.ceil(
+        sc.workload.global_batch / ctx.world_size)
+    size = sc.cooperation.privacy.dataset_size or getattr(learner, "train_size", None) or batch
+    return ctx.register("privacy", P.from_scenario(sc, ctx.rank, batch, size))
 
 
 def _resumed(ctx, learner, loop, rounds) -> None:

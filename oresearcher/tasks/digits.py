@@ -150,6 +150,7 @@ class DigitsLearner(TorchLearner):
                                                seed * 1000 + rank), self._shaped_loss,
                          fwd_flops=fwd, bwd_flops=bwd, bucket_bytes=bucket_bytes)
         self.arch, self.dtype_, self._scratch = arch, dtype, {}
+        self.train_size = len(X)  # the private data of oresearcher.privacy's sample rate
         self.base_fwd_flops, self._x_probe, self._peer_fwd = float(fwd), X[:batch].to(self.device, dtype), {}
         self.reward_weights, self.peers, self._peer_params = None, [], []
         Xv = splits["val"][0].to(self.device, dtype)
@@ -212,6 +213,14 @@ class DigitsLearner(TorchLearner):
         logits = module(x)
         self._task_loss = float(F.cross_entropy(logits.detach(), y))  # what the curve shows
         return shaped_loss(logits, y, self.peer_probs(x), self.reward_weights)
+
+    def private_loss_fn(self, module, batch):
+        """The loss of :meth:`_shaped_loss` without recording the task loss (``vmap``
+        forbids ``.item()``): what oresearcher.privacy differentiates per sample."""
+        x, y = batch
+        if self.reward_weights is None or not self._peer_params:
+            return _loss(module, batch)
+        return shaped_loss(module(x), y, self.peer_probs(x), self.reward_weights)
 
     def forward_backward(self) -> dict:
         """The step's loss, and its plain cross-entropy as ``task_loss`` (the same number
