@@ -34,7 +34,7 @@ import yaml
 from .console import print_report
 from .errors import UserError
 from . import resume
-from .scenario import load_raw, load_scenario, output_dir
+from .scenario import load_raw, load_scenario, output_dir, strategy_alias_error
 from .scenario_files import find_scenario
 
 log = logging.getLogger("oresearcher.run")
@@ -96,7 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num_agents", type=int, help="agents, one rank each (agents.count)")
     p.add_argument("--communication_interval", type=int, help="steps between fusion rounds")
     p.add_argument("--reward_weights", help="task,novelty,safety weights, e.g. 0.5,0.3,0.2")
-    p.add_argument("--strategy", help="oresearcher | ddp | local_sgd | diloco | single")
+    p.add_argument("--strategy", help="oresearcher | ddp | local_sgd | diloco | single | fsdp "
+                   "(sharded, torch FSDP2; colossalai maps to fsdp)")
     p.add_argument("--steps", type=int, help="training steps per agent")
     p.add_argument("--local_steps", type=int, help="H of local_sgd/diloco")
     p.add_argument("--lr", type=float, help="learning rate")
@@ -145,6 +146,8 @@ def scenario_overrides(args, raw: dict) -> list[str]:
 
 def load(args):
     """(scenario, out_dir, changes a resume makes on purpose) from the flags; UserError on any mistake."""
+    if why := strategy_alias_error(args.strategy, "--strategy="):
+        raise UserError(why)
     if args.resume:
         return _load_resume(args)
     if args.override:

@@ -48,7 +48,20 @@ Int = Annotated[int, BeforeValidator(_not_bool)]
 Float = Annotated[float, BeforeValidator(_not_bool)]
 Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME)]
 
-STRATEGIES = ("oresearcher", "ddp", "local_sgd", "diloco", "single")
+STRATEGIES = ("oresearcher", "ddp", "local_sgd", "diloco", "single", "fsdp")
+# asked for by name, answered by another strategy: (strategy, why)
+STRATEGY_ALIASES = {
+    "colossalai": ("fsdp", "ColossalAI pins torch <= 2.5.1 and cannot be installed beside this torch; "
+                   "torch's own FSDP2 (fully_shard) gives the same ZeRO-3 sharding"),
+}
+
+
+def strategy_alias_error(name, flag: str = "strategy ") -> str | None:
+    """One line saying which strategy ``name`` maps to and why, or None for other names."""
+    if not isinstance(name, str) or name.lower() not in STRATEGY_ALIASES:
+        return None
+    target, why = STRATEGY_ALIASES[name.lower()]
+    return f"{flag}{name} maps to {target}: {why}; use {flag}{target}"
 ALGORITHMS = ("auto", "ring", "tree", "direct", "halving_doubling", "hierarchical")
 
 
@@ -170,6 +183,14 @@ class TrainingSpec(Strict):
     eval_every: Int = Field(0, ge=0, le=MAX_STEPS, description="steps between held-out evaluations recorded in the "
                             "report's metrics (0: only after the last step)")
 
+    @field_validator("strategy", mode="before")
+    @classmethod
+    def _alias(cls, name):
+        why = strategy_alias_error(name)
+        if why:
+            raise ValueError(why)
+        return name
+
 
 class SimulationSpec(Strict):
     mode: Literal["auto", "shape", "numeric"] = Field(
@@ -259,6 +280,25 @@ class CooperationSpec(Strict):
     privacy: PrivacySpec = Field(default_factory=PrivacySpec)
 
 
+class FsdpSpec(Strict):
+    """Sharded data parallel (training.strategy = fsdp): torch FSDP2's semantics
+    (oresearcher.programs.fsdp). The sharded parameters, gradients and optimizer state
+    are fp32; workload.dtype is the dtype blocks are gathered and computed in."""
+
+    reshard_after_forward: bool = Field(True, description="free each block's gathered parameters after its "
+                                        "forward and gather them again for backward (ZeRO-3); false keeps them "
+                                        "until backward (ZeRO-2: less communication, more memory)")
+    shard_group_size: Int = Field(0, ge=0, le=MAX_WORLD, description="ranks one copy of the model is sharded "
+                                  "over, consecutive ranks; the groups replicate it (HSDP). 0: every rank "
+                                  "(plain FSDP). Must divide agents.count")
+    reduce_dtype: Literal["compute", "fp32"] = Field("compute", description="dtype of the gradient "
+                                                     "reduce-scatter: the compute dtype (workload.dtype) or fp32")
+
+    def group_size(self, world_size: int) -> int:
+        """Ranks per shard group (0 means the world)."""
+        return self.shard_group_size or world_size
+
+
 class Scenario(Strict):
     name: str = Field("scenario", description="a slug: letters, digits, '.', '_', '-' (names the output directory)")
     seed: Int = Field(0, ge=0, le=MAX_SEED)
@@ -269,6 +309,7 @@ class Scenario(Strict):
     training: TrainingSpec = Field(default_factory=TrainingSpec)
     simulation: SimulationSpec = Field(default_factory=SimulationSpec)
     cooperation: CooperationSpec = Field(default_factory=CooperationSpec)
+    fsdp: FsdpSpec = Field(default_factory=FsdpSpec)
     _source: Optional[Path] = PrivateAttr(None)
 
     @field_validator("name", mode="before")
@@ -314,6 +355,21 @@ class Scenario(Strict):
                              "dataset; privacy runs on supervised tasks")
         if w.task == "synthetic-lm" and p.dataset_size is None:
             raise ValueError("cooperation.privacy.dataset_size: synthetic-lm needs it for the sample rate")
+        return self
+
+    @model_validator(mode="after")
+    def _fsdp_shards(self):
+        if self.training.strategy != "fsdp":
+            return self
+        if self.workload.task != "synthetic-lm":
+            raise ValueError(f"training.strategy fsdp shards transformer blocks: it needs workload.task "
+                             f"synthetic-lm (got {self.workload.task})")
+        if self.simulation.mode == "numeric":
+            raise ValueError("training.strategy fsdp is simulated in shape mode (sizes, no math); "
+                             "set simulation.mode to auto or shape")
+        size = self.fsdp.group_size(self.agents.count)
+        if self.agents.count % size:
+            raise ValueError(f"fsdp.shard_group_size={size} does not divide agents.count={self.agents.count}")
         return self
 
     @property

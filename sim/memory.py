@@ -16,7 +16,8 @@ Parts (all bytes, "GB" = 10^9 bytes):
 
 Not modelled: the CUDA context and allocator fragmentation (a few GB on a real device;
 pass a smaller ``device_memory_bytes`` to keep headroom), transient buffers of a single
-kernel, and sharded states (ZeRO/FSDP): a replica here holds everything.
+kernel, and sharded states: a replica here holds everything (:func:`estimate_fsdp_memory`
+prices FSDP's sharded ranks).
 """
 from __future__ import annotations
 
@@ -147,3 +148,61 @@ def estimate_memory(cost: LMCost, *, micro_batch: Optional[int] = None,
 
 def _with(est: MemoryEstimate, advice: str, m, c) -> MemoryEstimate:
     return replace(est, advice=advice, fix_micro_batch=m, fix_checkpointing=c)
+
+
+@dataclass(frozen=True)
+class FsdpMemory:
+    """Per-GPU bytes of one FSDP rank (see :func:`estimate_fsdp_memory`)."""
+
+    sharded_params: int
+    sharded_grads: int
+    optimizer_state: int
+    gathered_params: int
+    grad_buffers: int
+    activations: int
+    total: int
+    device_memory_bytes: int
+    fits: bool
+
+    @property
+    def sharded_states(self) -> int:
+        return self.sharded_params + self.sharded_grads + self.optimizer_state
+
+
+def estimate_fsdp_memory(*, params: int, root_params: int, block_params: int, blocks: int,
+                         shard_size: int, compute_dtype: str, reduce_fp32: bool, optimizer: str,
+                         reshard_after_forward: bool, activation_bytes: int,
+                         device_memory_bytes: int) -> FsdpMemory:
+    """Per-GPU memory of FSDP2 training (torch's ``fully_shard`` per block, root = the rest).
+
+    - sharded states: FSDP2 keeps the sharded parameters in fp32 (the mixed-precision
+      policy casts them to the compute dtype when it gathers), their fp32 gradients and
+      the optimizer state (AdamW: two fp32 moments; SGD: one momentum buffer, the
+      convention of :func:`bytes_per_param`), each 1/``shard_size`` of the model:
+      16 bytes/param / S with AdamW, ZeRO-3's figure (Rajbhandari et al. 2020, 3.1).
+    - gathered parameters in the compute dtype: the root (never resharded) plus, with
+      ``reshard_after_forward`` (ZeRO-3), two blocks: the one computing and the one
+      prefetched; without it (ZeRO-2) every block stays gathered from forward to backward.
+    - gradient buffers in the reduce dtype: the root's (its head gradient is computed
+      first and reduced last), the block in backward and the block whose reduce-scatter
+      is in flight.
+    - activations: as measured for DDP (the same saved tensors).
+
+    Peaks of the parts are added, so the total is an upper bound by at most the smaller
+    transient. Not modelled: the all-gather/reduce-scatter output copies of a single
+    collective, the CUDA context and allocator fragmentation.
+    """
+    if shard_size < 1 or blocks < 0 or min(params, root_params, block_params, activation_bytes) < 0:
+        raise ValueError("need shard_size >= 1 and non-negative sizes")
+    p = 4 if compute_dtype == "fp32" else 2
+    r = 4 if reduce_fp32 else p
+    opt = bytes_per_param("fp32", optimizer)[2]
+    shard = -(-params // shard_size)  # ceil: padded shards
+    held_blocks = min(2, blocks) if reshard_after_forward else blocks
+    parts = dict(sharded_params=4 * shard, sharded_grads=4 * shard, optimizer_state=opt * shard,
+                 gathered_params=p * (root_params + held_blocks * block_params),
+                 grad_buffers=r * (root_params + min(2, blocks) * block_params),
+                 activations=int(activation_bytes))
+    total = sum(parts.values())
+    return FsdpMemory(**parts, total=total, device_memory_bytes=int(device_memory_bytes),
+                      fits=total <= device_memory_bytes)

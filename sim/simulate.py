@@ -55,6 +55,8 @@ def memory_report(scenario: Scenario, device) -> dict | None:
 
     w = scenario.workload
     cost = measure_lm(w.model, micro_batch(scenario), w.seq_len, w.dtype, w.activation_checkpointing)
+    if scenario.training.strategy == "fsdp":
+        return fsdp_memory_report(scenario, cost, device)
     codec = scenario.communication.codec
     codec_bytes = 0
     if codec != "none":
@@ -67,6 +69,28 @@ def memory_report(scenario: Scenario, device) -> dict | None:
                           device_memory_bytes=int(device.memory_bytes))
     return {k: getattr(est, k) for k in ("weights", "grads", "optimizer_state", "activations",
                                           "codec_buffers", "total", "fits", "advice")}
+
+
+def fsdp_memory_report(scenario: Scenario, cost, device) -> dict:
+    """Per-GPU memory of an fsdp rank; weights/grads hold sharded + gathered parts."""
+    from oresearcher.sharding import scenario_plan
+
+    from .memory import estimate_fsdp_memory
+
+    plan, w = scenario_plan(scenario), scenario.workload
+    est = estimate_fsdp_memory(
+        params=plan.params, root_params=plan.root.numel, block_params=max((b.numel for b in plan.blocks), default=0),
+        blocks=len(plan.blocks), shard_size=scenario.fsdp.group_size(scenario.world_size), compute_dtype=w.dtype,
+        reduce_fp32=scenario.fsdp.reduce_dtype == "fp32", optimizer=w.optimizer,
+        reshard_after_forward=scenario.fsdp.reshard_after_forward,
+        activation_bytes=cost.saved_activation_bytes(w.activation_checkpointing),
+        device_memory_bytes=int(device.memory_bytes))
+    parts = {k: getattr(est, k) for k in ("sharded_params", "sharded_grads", "optimizer_state", "gathered_params",
+                                          "grad_buffers", "activations", "total", "fits")}
+    return {**parts, "weights": est.sharded_params + est.gathered_params,
+            "grads": est.sharded_grads + est.grad_buffers, "codec_buffers": 0,
+            "advice": "" if est.fits else "does not fit even sharded: enable activation checkpointing, "
+                      "a smaller micro batch or a larger shard group"}
 
 
 def simulate(scenario: Scenario, *, mode: str | None = None, on_step=None, keep_spans: int = 200_000):

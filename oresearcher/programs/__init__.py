@@ -36,6 +36,7 @@ _PROGRAMS = {
     "diloco": ("oresearcher.programs.data_parallel", "diloco"),
     "single": ("oresearcher.programs.data_parallel", "single"),
     "oresearcher": ("oresearcher.programs.cooperative", "cooperative"),
+    "fsdp": ("oresearcher.programs.fsdp", "fsdp"),
 }
 
 

@@ -1,0 +1,142 @@
+"""``fsdp``: fully sharded data parallel (ZeRO-3, or ZeRO-2 without resharding), as torch's
+FSDP2 (``torch.distributed.fsdp.fully_shard``) runs it, per transformer block.
+
+Each rank keeps 1/S of every parameter, gradient and optimizer state (S ranks per shard
+group, ``fsdp.shard_group_size``; Rajbhandari et al. 2020, "ZeRO", stage 3). The schedule
+of one step, per unit of :mod:`oresearcher.sharding` (root = embeddings + final norm +
+LM head, then the blocks):
+
+- forward: all-gather the root and block 1, then before block i computes, issue block
+  i+1's all-gather (FSDP2's forward prefetch: the CPU runs one block ahead of the GPU,
+  and the all-gather stream overlaps the compute stream). With
+  ``fsdp.reshard_after_forward`` a block frees its gathered parameters after its forward,
+  except the last, which backward needs at once (torchtitan's setting); the root never
+  reshards (FSDP2 keeps the root unsharded).
+- backward: the root's LM head first; then, for blocks L..1: wait for the block's
+  all-gather (if it was resharded), issue the all-gather of the block below (FSDP2's
+  backward prefetch), compute the block's backward, issue its gradient reduce-scatter
+  (async, on its own stream). With HSDP (S < world) each reduced shard is then
+  all-reduced across the replicate group, once the reduce-scatter it follows is done
+  (FSDP2 runs both on the reduce-scatter stream, in that order). The root's embedding
+  gradients come last, and so does its reduce-scatter.
+- the optimizer steps on the local shards: no communication.
+
+Payload dtypes follow the mixed-precision policy: all-gathers in the compute dtype
+(``workload.dtype``), reduce-scatters in ``fsdp.reduce_dtype`` (fp32 or the compute dtype).
+
+Design note: **the real backend delegates to torch's FSDP inside a higher-level op.** On
+torch.distributed (``ctx.mode == "real"``) the learner's module is sharded by
+``fully_shard`` (:mod:`oresearcher.backends.fsdp`) and one ``Compute`` runs forward and
+backward: FSDP2's hooks issue the all-gathers and reduce-scatters themselves, on their
+own streams, which is what makes the run torch's FSDP and not a re-implementation. The
+per-block ops below are the cost model of that Compute, kept beside it in this module,
+and the simulator prices them (shape mode: sizes only, no math).
+"""
+from __future__ import annotations
+
+import torch
+
+from ..ops import AllGather, AllReduce, Compute, ReduceScatter, StepDone, Wait
+from ..sharding import scenario_plan, shard_groups
+from .learner import DTYPES
+
+
+def fsdp(ctx, learner):
+    """Sharded data parallel: torch's FSDP2 for real, its per-block schedule in the simulator."""
+    if ctx.mode == "real":
+        yield from _delegated(ctx, learner)
+        return
+    sched = Schedule.build(ctx)
+    for step in range(ctx.start_step, ctx.steps):
+        yield from sched.step()
+        yield Compute(learner.optimizer_step, name="optimizer")
+        ctx.mark_boundary(step)
+        yield StepDone(step, {})
+
+
+def _delegated(ctx, learner):
+    """One rank of a real run: FSDP2's hooks communicate inside ``forward_backward``."""
+    flops = learner.fwd_flops + learner.bwd_flops
+    for step in range(ctx.start_step, ctx.steps):
+        metrics = yield Compute(learner.forward_backward, flops=flops, name="fsdp_forward_backward")
+        yield Compute(learner.optimizer_step, name="optimizer")
+        if ctx.should_eval(step):
+            metrics.update((yield Compute(learner.evaluate, name="evaluate")))
+        ctx.mark_boundary(step)
+        yield StepDone(step, metrics)
+
+
+class Schedule:
+    """The ops of one FSDP step for one rank; payloads are meta tensors (sizes only)."""
+
+    def __init__(self, plan, shard_group, replicate_group, reshard: bool, param_dtype, reduce_dtype):
+        self.plan, self.reshard = plan, reshard
+        self.shard, self.replicate = shard_group, replicate_group
+        n = len(shard_group)
+        # this rank's shard of each unit (all-gather input) and each unit's unsharded
+        # gradient (reduce-scatter input)
+        self.shards = [torch.empty(u.padded_numel(n) // n, dtype=param_dtype, device="meta") for u in plan.units]
+        self.grads = [torch.empty(u.padded_numel(n), dtype=reduce_dtype, device="meta") for u in plan.units]
+
+    @classmethod
+    def build(cls, ctx) -> "Schedule":
+        sc = ctx.scenario
+        size = sc.fsdp.group_size(ctx.world_size)
+        shard, replicate = shard_groups(ctx.rank, ctx.world_size, size)
+        compute = DTYPES[sc.workload.dtype]
+        reduce = torch.float32 if sc.fsdp.reduce_dtype == "fp32" else compute
+        return cls(scenario_plan(sc), shard, replicate, sc.fsdp.reshard_after_forward, compute, reduce)
+
+    def _gather(self, i):
+        return (yield AllGather(self.shards[i], group=self.shard, async_op=True, name="fsdp_all_gather"))
+
+    def step(self):
+        """Forward then backward of one step; returns when every gradient is reduced."""
+        yield from self.forward()
+        yield from self.backward()
+
+    def forward(self):
+        blocks = self.plan.blocks
+        nb = len(blocks)
+        root = yield from self._gather(0)
+        ahead = (yield from self._gather(1)) if nb else None
+        yield Wait(root, name="fsdp_wait_gather")
+        for i in range(1, nb + 1):
+            yield Wait(ahead, name="fsdp_wait_gather")
+            ahead = (yield from self._gather(i + 1)) if i < nb else None
+            yield Compute(flops=blocks[i - 1].fwd_flops, name="forward")
+        yield Compute(flops=self.plan.root.fwd_flops, name="forward")
+
+    def backward(self):
+        blocks = self.plan.blocks
+        nb = len(blocks)
+        yield Compute(flops=self.plan.root.bwd_flops, name="backward")  # LM head (root stays gathered)
+        pending, reduces = None, []
+        gather = None  # block nb (the last) was not resharded after its forward
+        for i in range(nb, 0, -1):
+            if gather is not None:
+                yield Wait(gather, name="fsdp_wait_gather")
+            gather = (yield from self._gather(i - 1)) if self.reshard and i > 1 else None
+            yield Compute(flops=blocks[i - 1].bwd_flops, name="backward")
+            pending = yield from self._reduce(i, pending, reduces)
+        pending = yield from self._reduce(0, pending, reduces)  # root: embedding grads come last
+        yield from self._replicate(pending, reduces)
+        for h in reduces:
+            yield Wait(h, name="fsdp_wait_reduce")
+
+    def _reduce(self, i, pending, reduces):
+        """Issue unit i's reduce-scatter; the previous one's replicate all-reduce follows it."""
+        h = yield ReduceScatter(self.grads[i], group=self.shard, op="avg", async_op=True,
+                                name="fsdp_reduce_scatter")
+        yield from self._replicate(pending, reduces)
+        return h
+
+    def _replicate(self, pending, reduces):
+        if pending is None:
+            return
+        if len(self.replicate) == 1:
+            reduces.append(pending)
+            return
+        shard = yield Wait(pending, name="fsdp_wait_reduce")
+        reduces.append((yield AllReduce(shard, group=self.replicate, op="avg", async_op=True,
+                                        name="hsdp_all_reduce")))
