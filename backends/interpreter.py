@@ -36,7 +36,7 @@ import torch.distributed as dist
 
 from oresearcher import ops as O
 from oresearcher.report import Span, Timeline
-from oresearcher.sim.collectives import wire_bytes_per_rank
+from oresearcher.wire import wire_bytes_per_rank
 
 log = logging.getLogger(__name__)
 

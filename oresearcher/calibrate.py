@@ -69,6 +69,7 @@ import numpy as np
 import yaml
 
 from .errors import UserError
+from .wire import ring_terms
 from .scenario import load_raw, load_scenario
 from .scenario_files import find_scenario
 
@@ -79,15 +80,6 @@ US = 1e-6
 MAX_BANDWIDTH_GBps = 1e4  # when the fit finds no bandwidth term at all
 
 
-def ring_terms(kind: str, n: int) -> tuple[float, float]:
-    """(algorithm steps, bytes sent per byte of S) of the ring algorithm for ``kind``."""
-    if n <= 1:
-        return 0.0, 0.0
-    if kind == "AllReduce":
-        return 2.0 * (n - 1), 2.0 * (n - 1) / n
-    if kind in ("AllGather", "ReduceScatter", "Broadcast", "AllToAll"):
-        return float(n - 1), (n - 1) / n
-    raise ValueError(f"no ring model for {kind}")
 
 
 @dataclass

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from oresearcher import ops as O
+from oresearcher import wire
 from oresearcher.errors import UserError
 
 from .engine import Engine
@@ -24,12 +25,12 @@ from .engine import Engine
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "alltoall", "broadcast")
 
 
+KINDS = {"all_reduce": "AllReduce", "all_gather": "AllGather", "reduce_scatter": "ReduceScatter",
+         "alltoall": "AllToAll", "broadcast": "Broadcast"}
+
+
 def bus_factor(op: str, n: int) -> float:
-    if op == "all_reduce":
-        return 2 * (n - 1) / n
-    if op == "broadcast":
-        return 1.0
-    return (n - 1) / n
+    return wire.bus_factor(KINDS[op], n)
 
 
 # The published curves shipped in tests/data (copies of ../shared/nccl-reference) and the

@@ -37,6 +37,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from oresearcher import wire
+
 PROTOCOLS = ("LL", "LL128", "Simple")
 US = 1e-6
 
@@ -57,11 +59,7 @@ class Choice:
 
 def ring_steps(kind: str, n: int, nodes: int) -> tuple[int, int]:
     """(algorithm steps, of which cross a node boundary) of a ring (tuning.cc)."""
-    if kind == "AllReduce":
-        return 2 * (n - 1), 2 * (nodes - 1)
-    if kind in ("ReduceScatter", "AllGather"):
-        return n - 1, nodes - 1
-    return n - 1, nodes - 1  # Broadcast: a pipelined chain from the root
+    return wire.ring_steps(kind, n), wire.ring_steps(kind, nodes)
 
 
 def channels_used(nbytes: float, proto: str, nranks: int, p) -> tuple[int, int]:
@@ -155,13 +153,7 @@ def bus_bytes(kind: str, algo: str, nbytes: float, n: int) -> float:
     n x one rank's part; reduce-scatter: the input)."""
     if algo == "tree":
         return 2.0 * nbytes  # reduce up and broadcast down through each rank's port
-    if kind == "AllReduce":
-        return 2 * (n - 1) / n * nbytes
-    if kind == "AllGather":
-        return (n - 1) / n * nbytes
-    if kind == "ReduceScatter":
-        return (n - 1) / n * nbytes
-    return nbytes  # Broadcast
+    return wire.bus_factor(kind, n) * nbytes
 
 
 def predicted_time(c: Choice, kind: str, nbytes: float, n: int, busbw_Bps: float) -> float:

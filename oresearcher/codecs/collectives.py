@@ -34,6 +34,7 @@ import math
 import torch
 
 from .. import ops as O
+from ..wire import ring_bytes_per_rank
 from .base import DEFAULT_KEY, Codec, pack, unpack
 
 SCHEMES = ("allreduce", "allgather", "two_phase")
@@ -161,7 +162,7 @@ def collective_wire_bytes_per_rank(scheme: str, codec: Codec, numel: int, n: int
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
     if scheme == "allreduce":
-        return 2 * (n - 1) / n * numel * dtype.itemsize
+        return ring_bytes_per_rank("AllReduce", numel * dtype.itemsize, n)
     if scheme == "allgather":
-        return float((n - 1) * codec.wire_bytes(numel, dtype))
+        return ring_bytes_per_rank("AllGather", codec.wire_bytes(numel, dtype), n)
     return float(2 * (n - 1) * codec.wire_bytes(math.ceil(numel / n), dtype))
