@@ -16,8 +16,9 @@ token stream):
 1. ddp: all-reduce of the gradients every step;
 2. local_sgd: averaging the parameters every 10 steps (300 steps: 30 averagings, as
    the wait at each one is a noisy draw);
-3. oresearcher with an int8 codec: every step the agents exchange int8-compressed
-   gradients by all-gather (one fusion round at the end).
+3. oresearcher with an int8 codec: every step the agents share int8-compressed
+   gradients by the two-phase all-reduce (an all-to-all of compressed chunks, each rank
+   sums its chunk, then a compressed all-gather; one fusion round at the end).
 
 It prints predicted and measured step time and communication overhead with the
 relative error of each (target: within 15 %), comparing the median prediction with the
@@ -57,7 +58,7 @@ BASE = {
 CONFIGS = [
     ("all-reduce every step (ddp)", 2, {"training": {"strategy": "ddp"}}),
     ("periodic averaging every 10 steps (local_sgd)", 2, {"training": {"strategy": "local_sgd", "steps": 300}}),
-    ("int8 codec, all-gather exchange (oresearcher)", 2, {
+    ("int8 codec, two-phase all-reduce (oresearcher)", 2, {
         "training": {"strategy": "oresearcher"},
         "communication": {"codec": "int8", "gradient_sharing": True, "share_every": 1, "interval": 40},
         "cooperation": {"roles": {"policy": "plain"}, "allocation": {"enabled": False}},

@@ -23,9 +23,7 @@ from typing import Callable, Iterator, Sequence
 import torch
 from torch import nn
 
-from ..workloads import bucket_sizes
-
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+from ..workloads import DTYPES, bucket_sizes  # noqa: F401 (DTYPES: importable from here too)
 
 
 class ShapeLearner:
