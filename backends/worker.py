@@ -34,7 +34,7 @@ import torch.distributed as dist
 from oresearcher.errors import UserError, cli_main, short
 from oresearcher.programs import AgentContext, get_program
 from oresearcher.programs.learner import DTYPES
-from oresearcher.report import Span, Timeline, summarize, write_json
+from oresearcher.report import Timeline, summarize, write_json
 from oresearcher.figures import write_run_figures
 from oresearcher.trace import write_trace
 
@@ -293,30 +293,9 @@ def _train(scenario, opts: RunOptions, rank, world, device, store, prefix, monit
 
 def gather_timeline(tl: Timeline, rank: int, world: int) -> Optional[Timeline]:
     """Every rank's totals, step ends, metrics and kept spans, merged on rank 0 (None elsewhere)."""
-    mine = {
-        "totals": dict(tl.totals[rank]), "wire": tl.wire[rank], "t0": tl.t0,
-        "collectives": {k: list(v) for k, v in tl.collectives.items()},
-        "spans": [(s.cat, s.name, s.start, s.end, s.wire_bytes) for s in tl.spans],
-        "step_ends": list(tl.step_ends[rank]), "metrics": list(tl.metrics[rank]),
-    }
     parts = [None] * world if rank == 0 else None
-    dist.gather_object(mine, parts, dst=0)
-    if rank != 0:
-        return None
-    merged = Timeline(world, keep_spans=tl.keep_spans)
-    for r, part in enumerate(parts):
-        merged.totals[r].update(part["totals"])
-        merged.wire[r] = part["wire"]
-        for name, (count, secs, nbytes) in part["collectives"].items():
-            c = merged.collectives[name]
-            c[0], c[1], c[2] = c[0] + count, c[1] + secs, c[2] + nbytes
-        if part["t0"] is not None and (merged.t0 is None or part["t0"] < merged.t0):
-            merged.t0 = part["t0"]
-        room = merged.keep_spans - len(merged.spans)
-        merged.spans.extend(Span(r, c, n, a, b, w) for c, n, a, b, w in part["spans"][:max(room, 0)])
-        merged.step_ends[r] = part["step_ends"]
-        merged.metrics[r] = part["metrics"]
-    return merged
+    dist.gather_object(tl.part(rank), parts, dst=0)
+    return Timeline.merge(parts, keep_spans=tl.keep_spans) if rank == 0 else None
 
 
 def final_metrics(tl: Timeline) -> dict:

@@ -16,6 +16,14 @@ def fmt_bytes(x):
     return f"{x / GB:,.3f} GB" if x >= 1e7 else f"{x / 1e6:,.3f} MB"
 
 
+def _algorithms(counts: dict) -> str:
+    """The most used algorithm[/protocol] of a collective, and how many others ran."""
+    if not counts:
+        return ""
+    top = max(counts, key=counts.get)
+    return top + (f" +{len(counts) - 1}" if len(counts) > 1 else "")
+
+
 def print_report(report: dict, title: str, column: str = "predicted") -> None:
     t = Table(title=title, show_header=True, header_style="bold")
     t.add_column("per step (mean over ranks)")
@@ -32,11 +40,11 @@ def print_report(report: dict, title: str, column: str = "predicted") -> None:
     steps, ws = max(report["steps"], 1), max(report["world_size"], 1)
     if report["breakdown"]:
         b = Table(title="per collective", header_style="bold")
-        for col in ("collective", "calls/step/rank", "in flight/step/rank", "wire/step/rank"):
-            b.add_column(col, justify="right" if col != "collective" else "left")
+        for col in ("collective", "calls/step/rank", "in flight/step/rank", "wire/step/rank", "algorithm"):
+            b.add_column(col, justify="right" if col not in ("collective", "algorithm") else "left")
         for row in report["breakdown"]:
             b.add_row(row["name"], f"{row['count'] / steps / ws:.3g}", fmt_ms(row["time_s"] / steps / ws),
-                      fmt_bytes(row["wire_bytes"] / steps / ws))
+                      fmt_bytes(row["wire_bytes"] / steps / ws), _algorithms(row.get("algorithms") or {}))
         console.print(b)
     mem = report.get("memory")
     if mem:

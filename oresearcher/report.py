@@ -71,6 +71,7 @@ class Timeline:
         self.totals = [defaultdict(float) for _ in range(world_size)]  # rank -> cat -> s
         self.wire = [0] * world_size  # rank -> bytes sent
         self.collectives = defaultdict(lambda: [0, 0.0, 0])  # name -> [count, s, bytes]
+        self.algorithms = defaultdict(lambda: defaultdict(int))  # name -> algorithm[/protocol] -> calls
         self.t0: float | None = None
         self.step_ends = defaultdict(list)  # rank -> [time]
         self.metrics = defaultdict(list)  # rank -> [(step, t, {..})]
@@ -86,6 +87,9 @@ class Timeline:
             c[0] += 1
             c[1] += end - start
             c[2] += wire_bytes
+            algo = args.get("algorithm") if args else None
+            if algo:
+                self.algorithms[name][algo] += 1
         if len(self.spans) < self.keep_spans:
             self.spans.append(Span(rank, cat, name, start, end, wire_bytes, args or {}))
 
@@ -96,6 +100,37 @@ class Timeline:
         self.step_ends[rank].append(t)
         if metrics:
             self.metrics[rank].append((step, t, dict(metrics)))
+
+    def part(self, rank: int) -> dict:
+        """What ``rank`` recorded, as plain data to send to the rank that merges."""
+        return {
+            "totals": dict(self.totals[rank]), "wire": self.wire[rank], "t0": self.t0,
+            "collectives": {k: list(v) for k, v in self.collectives.items()},
+            "algorithms": {k: dict(v) for k, v in self.algorithms.items()},
+            "spans": [(s.cat, s.name, s.start, s.end, s.wire_bytes) for s in self.spans],
+            "step_ends": list(self.step_ends[rank]), "metrics": list(self.metrics[rank]),
+        }
+
+    @classmethod
+    def merge(cls, parts: list, keep_spans: int = 200_000) -> "Timeline":
+        """One timeline from every rank's :meth:`part` (index = rank)."""
+        merged = cls(len(parts), keep_spans=keep_spans)
+        for r, part in enumerate(parts):
+            merged.totals[r].update(part["totals"])
+            merged.wire[r] = part["wire"]
+            for name, (count, secs, nbytes) in part["collectives"].items():
+                c = merged.collectives[name]
+                c[0], c[1], c[2] = c[0] + count, c[1] + secs, c[2] + nbytes
+            for name, algos in part.get("algorithms", {}).items():
+                for algo, count in algos.items():
+                    merged.algorithms[name][algo] += count
+            if part["t0"] is not None and (merged.t0 is None or part["t0"] < merged.t0):
+                merged.t0 = part["t0"]
+            room = merged.keep_spans - len(merged.spans)
+            merged.spans.extend(Span(r, c, n, a, b, w) for c, n, a, b, w in part["spans"][:max(room, 0)])
+            merged.step_ends[r] = part["step_ends"]
+            merged.metrics[r] = part["metrics"]
+        return merged
 
 
 def _mean(xs):
@@ -125,7 +160,8 @@ def summarize(tl: Timeline, scenario: dict, backend: str, extra: dict | None = N
         "wire_bytes_per_step": _mean(tl.wire[r] for r in ranks) / per,
         "total_time_s": end - t0,
         "breakdown": [
-            {"name": k, "count": c, "time_s": t, "wire_bytes": b}
+            {"name": k, "count": c, "time_s": t, "wire_bytes": b,
+             "algorithms": dict(sorted(tl.algorithms[k].items(), key=lambda kv: -kv[1]))}
             for k, (c, t, b) in sorted(tl.collectives.items())
         ],
         "metrics": {str(r): [{"step": s, "time_s": t, **m} for s, t, m in tl.metrics[r]] for r in ranks if tl.metrics[r]},
