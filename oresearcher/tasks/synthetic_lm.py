@@ -6,7 +6,8 @@ scenario can be simulated and then measured. The stream is a noisy first-order M
 chain: with probability ``1 - noise`` the next token is ``perm[token]`` for a fixed random
 permutation drawn from the scenario seed, otherwise uniform. It is learnable (the loss
 falls from log V towards the chain's entropy), costs nothing to generate and is the same
-on every backend.
+on every backend. :mod:`oresearcher.tasks.token_stream` generates it without a loop per
+position and, on CUDA, prefetches it in a background thread.
 
 In shape mode the learner is a :class:`ShapeLearner` with the FLOPs and parameter sizes
 measured by :func:`oresearcher.workloads.measure_lm` on the meta device.
@@ -20,43 +21,12 @@ import torch
 from ..models import PRESETS, build_model, lm_loss
 from ..programs.learner import DTYPES, ShapeLearner, TorchLearner
 from ..workloads import measure_lm
-
-NOISE = 0.1
+from .token_stream import NOISE, Prefetcher, TokenStream  # noqa: F401  (TokenStream: public here too)
 
 
 def micro_batch(scenario) -> int:
     """Samples per agent per step: the global batch split over the agents."""
     return max(1, math.ceil(scenario.workload.global_batch / scenario.agents.count))
-
-
-class TokenStream:
-    """Infinite iterator of LongTensor[batch, seq_len + 1] (inputs + shifted targets) on
-    ``device``. Resumable: its state is its generator's (``state_dict``)."""
-
-    def __init__(self, vocab: int, batch: int, seq_len: int, seed: int, rank: int, noise: float = NOISE,
-                 device="cpu"):
-        self.vocab, self.batch, self.seq_len, self.noise, self.device = vocab, batch, seq_len, noise, device
-        self.perm = torch.randperm(vocab, generator=torch.Generator().manual_seed(seed))
-        self.gen = torch.Generator().manual_seed(seed * 1_000_003 + rank + 1)
-
-    def __iter__(self):
-        return self
-
-    def __next__(self) -> torch.Tensor:
-        batch, seq_len, gen = self.batch, self.seq_len, self.gen
-        x = torch.empty(batch, seq_len + 1, dtype=torch.long)
-        x[:, 0] = torch.randint(self.vocab, (batch,), generator=gen)
-        jumps = torch.rand(batch, seq_len, generator=gen) < self.noise
-        rand = torch.randint(self.vocab, (batch, seq_len), generator=gen)
-        for t in range(seq_len):
-            x[:, t + 1] = torch.where(jumps[:, t], rand[:, t], self.perm[x[:, t]])
-        return x.to(self.device)
-
-    def state_dict(self) -> dict:
-        return {"generator": self.gen.get_state()}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.gen.set_state(state["generator"])
 
 
 def token_stream(vocab: int, batch: int, seq_len: int, seed: int, rank: int, noise: float = NOISE) -> TokenStream:
@@ -90,6 +60,10 @@ def make_learner(scenario, rank: int, *, mode: str, device="cpu"):
     model.activation_checkpointing = w.activation_checkpointing
     vocab = PRESETS[w.model].vocab_size
     batches = TokenStream(vocab, mb, w.seq_len, scenario.seed, rank, device=device)
+    if torch.device(device).type == "cuda":
+        # off the critical path: the next batches are drawn, pinned and copied while the
+        # GPU runs this step. On a CPU the thread would only take cores from the step.
+        batches = Prefetcher(batches)
     optimizer = (torch.optim.AdamW(model.parameters(), lr=scenario.training.lr) if w.optimizer == "adamw"
                  else torch.optim.SGD(model.parameters(), lr=scenario.training.lr))
 
