@@ -10,6 +10,13 @@ Models (``workload.model`` or, per agent, ``agents.architectures``):
 - ``mlp``: 64 -> 64 -> 10, ReLU.
 - ``mlp-wide``: 64 -> 128 -> 10, ReLU.
 - ``cnn``: conv 3x3 (8 ch) -> conv 3x3 stride 2 (16 ch) -> linear 10.
+- ``transformer``: the 8 pixel rows as 8 tokens of 8 features -> linear 32 + learned
+  positions -> one encoder layer (4 heads, feed-forward 64, pre-norm) -> mean -> linear 10.
+- ``lstm``: the 8 rows as a sequence -> LSTM (hidden 32) -> last hidden state -> linear 10.
+
+Mixing them (``agents.architectures: [transformer, transformer, lstm, mlp]``) gives
+heterogeneous agents: the cooperative program shares gradients and fuses parameters
+only inside an architecture group; knowledge crosses groups through outputs.
 
 Every agent of one architecture starts from the same base model (initialised from the
 scenario seed: the agents are clones); agents differ by their data order (seeded by
@@ -57,10 +64,53 @@ def build_model(name: str) -> nn.Module:
             nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(),
             nn.Conv2d(8, 16, 3, stride=2, padding=1), nn.ReLU(),  # [B, 16, 4, 4]
             nn.Flatten(), nn.Linear(16 * 4 * 4, N_CLASSES))
-    raise UserError(f"workload.model: digits has models mlp, mlp-wide, cnn (got {name!r})")
+    if name == "transformer":
+        return RowTransformer()
+    if name == "lstm":
+        return RowLSTM()
+    raise UserError(f"workload.model: digits has models {', '.join(MODELS)} (got {name!r})")
 
 
-MODELS = ("mlp", "mlp-wide", "cnn")
+MODELS = ("mlp", "mlp-wide", "cnn", "transformer", "lstm")
+
+
+class RowTransformer(nn.Module):
+    """[B, 64] -> [B, 10]: pixel rows as tokens, one pre-norm encoder layer, mean pooled."""
+
+    def __init__(self, d: int = 32, heads: int = 4):
+        super().__init__()
+        self.embed = nn.Linear(8, d)
+        self.pos = nn.Parameter(torch.zeros(8, d))
+        self.layer = nn.TransformerEncoderLayer(d, heads, dim_feedforward=2 * d, dropout=0.0,
+                                                batch_first=True, norm_first=True)
+        self.head = nn.Linear(d, N_CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        tokens = self.embed(x.reshape(-1, 8, 8)) + self.pos  # [B, 8 rows, d]
+        return self.head(self.layer(tokens).mean(1))
+
+
+class RowLSTM(nn.Module):
+    """[B, 64] -> [B, 10]: pixel rows read top to bottom by an LSTM, last hidden state.
+
+    The cell is written out (two linears and the gate arithmetic, Hochreiter & Schmidhuber
+    1997 with a forget gate) rather than nn.LSTM: torch's fused CPU kernel is invisible to
+    the FLOP counter, which would price this agent at its head alone."""
+
+    def __init__(self, hidden: int = 32):
+        super().__init__()
+        self.hidden = hidden
+        self.ih, self.hh = nn.Linear(8, 4 * hidden), nn.Linear(hidden, 4 * hidden, bias=False)
+        self.head = nn.Linear(hidden, N_CLASSES)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, 8, 8)  # [B, 8 steps, 8 features]
+        h = c = rows.new_zeros(rows.shape[0], self.hidden)
+        for t in range(rows.shape[1]):
+            i, f, g, o = (self.ih(rows[:, t]) + self.hh(h)).chunk(4, dim=-1)
+            c = f.sigmoid() * c + i.sigmoid() * g.tanh()
+            h = o.sigmoid() * c.tanh()
+        return self.head(h)
 
 
 @functools.lru_cache(maxsize=1)
