@@ -89,6 +89,10 @@ def load_factory(spec: str):
 def build_learner(scenario, rank: int, device, spec: Optional[str]):
     if spec:
         return load_factory(spec)(scenario, rank, mode="real", device=device)
+    if scenario.training.strategy == "fsdp":  # torch's fully_shard per block (backends/fsdp.py)
+        from .fsdp import make_learner as make_fsdp_learner
+
+        return make_fsdp_learner(scenario, rank, scenario.world_size, device)
     from oresearcher.tasks import make_learner
 
     return make_learner(scenario, rank, mode="real", device=device)
@@ -149,7 +153,8 @@ def is_comm_error(e: BaseException) -> bool:
     return any(w in text for w in ("gloo", "nccl", "connection", "timed out", "timeout", "peer", "socket"))
 
 
-def _resume_point(out_dir: Path, rank: int, world: int, wanted: Optional[int]) -> tuple[int, dict]:
+def _resume_point(out_dir: Path, rank: int, world: int, wanted: Optional[int],
+                  reshard: bool = False) -> tuple[int, dict]:
     """The step to resume from and this rank's saved state. The local launcher checked
     ``wanted`` already; under torchrun ranks agree on the newest step valid everywhere."""
     if wanted is None:
@@ -163,7 +168,7 @@ def _resume_point(out_dir: Path, rank: int, world: int, wanted: Optional[int]) -
         state = ckpt.load(ckpt.rank_file(out_dir, step, rank))
     except Exception as e:  # noqa: BLE001 -- whatever torch.load makes of a damaged file
         raise UserError(f"{ckpt.rank_file(out_dir, step, rank)}: cannot load: {str(e)[:200]}") from None
-    if state.get("world_size") != world:
+    if state.get("world_size") != world and not reshard:  # reshard: fsdp's DCP state fits any world
         raise UserError(f"{out_dir}: checkpoint of step {step} is from {state.get('world_size')} ranks, this run has {world}")
     return step, state
 
@@ -231,7 +236,7 @@ def _train(scenario, opts: RunOptions, rank, world, device, store, prefix, monit
     log.debug("learner built: %d parameters", getattr(learner, "numel", 0))
     start, saved = 0, {}
     if opts.resume:
-        step, saved = _resume_point(out, rank, world, resume_step)
+        step, saved = _resume_point(out, rank, world, resume_step, reshard=hasattr(learner, "load_sharded"))
         start = step + 1
         log.info("resuming after step %d from %s", step, ckpt.step_dir(out, step))
     ctx = _context(scenario, rank, world, device, start, saved.get("states", {}))
@@ -240,6 +245,8 @@ def _train(scenario, opts: RunOptions, rank, world, device, store, prefix, monit
         # a resume that overrode training.lr (--override): the optimizer takes the new lr, not the saved one
         new_lr = saved.get("meta", {}).get("lr") != scenario.training.lr
         ckpt.restore_agent(saved, learner, program_states(ctx), keep_lr=new_lr)
+        if hasattr(learner, "load_sharded"):  # fsdp: model and optimizer shards from DCP (backends/dcp.py)
+            learner.load_sharded(ckpt.step_dir(out, start - 1), keep_lr=new_lr)
 
     total = scenario.training.steps
     saver = ckpt.Checkpointer(out, rank, world, scenario.training.checkpoint_every, total,
@@ -260,6 +267,8 @@ def _train(scenario, opts: RunOptions, rank, world, device, store, prefix, monit
         boundary, ctx.boundary = ctx.boundary, None
         if boundary is not None:  # the program can resume after this StepDone
             if saver.due(boundary, since=last_boundary[0]):
+                if hasattr(learner, "save_sharded"):  # fsdp: DCP first, collectively; then the rank's file
+                    learner.save_sharded(ckpt.step_dir(out, boundary))
                 saver.save(boundary, learner, program_states(ctx))
             last_boundary[0] = boundary
 

@@ -40,6 +40,7 @@ from .scenario_files import find_scenario
 log = logging.getLogger("oresearcher.run")
 
 DEFAULT_SCENARIO = "scenarios/local-gloo.yaml"
+RESHARDABLE = ("agents.count", "fsdp.shard_group_size", "fsdp.reshard_after_forward")  # fsdp resumes may change
 SAVED_SCENARIO = "scenario.yaml"
 
 # flag -> scenario field it overrides
@@ -172,8 +173,13 @@ def _load_resume(args):
     saved = load_scenario(saved_path)
     path = args.scenario or saved_path
     scenario = load_scenario(path, scenario_overrides(args, load_raw(path)))
-    diffs = resume.check(resume.changes(saved.resolved(), scenario.resolved()), args.override)
-    return scenario, run_dir, diffs
+    diffs = resume.changes(saved.resolved(), scenario.resolved())
+    # fsdp keeps model and optimizer in DCP, which reshards them to another number of ranks
+    # or another layout: the same training state, sharded differently
+    fsdp = saved.training.strategy == "fsdp" and scenario.training.strategy == "fsdp"
+    reshard = [d for d in diffs if d[0] in RESHARDABLE] if fsdp else []
+    diffs = resume.check([d for d in diffs if d not in reshard], args.override)
+    return scenario, run_dir, reshard + diffs
 
 
 def save_scenario(scenario, out: Path) -> None:
@@ -220,7 +226,8 @@ def main(argv=None) -> int:
 
 def _note_overrides(diffs) -> None:
     for path, old, new in diffs:
-        log.warning("--override: %s changes from %s to %s", path, resume.short(old), resume.short(new))
+        how = "resharded (fsdp)" if path in RESHARDABLE else "--override"
+        log.warning("%s: %s changes from %s to %s", how, path, resume.short(old), resume.short(new))
 
 
 def _prepare(scenario, out: Path, args, diffs) -> None:

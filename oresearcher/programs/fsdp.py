@@ -56,6 +56,9 @@ def fsdp(ctx, learner):
 
 def _delegated(ctx, learner):
     """One rank of a real run: FSDP2's hooks communicate inside ``forward_backward``."""
+    if not hasattr(learner, "save_sharded"):  # a plain replica would train alone, silently
+        raise ValueError("strategy fsdp runs a fully_shard learner (oresearcher.backends.fsdp.make_learner); "
+                         f"got {type(learner).__name__}")
     flops = learner.fwd_flops + learner.bwd_flops
     for step in range(ctx.start_step, ctx.steps):
         metrics = yield Compute(learner.forward_backward, flops=flops, name="fsdp_forward_backward")
