@@ -95,7 +95,7 @@ class ClusterSpec(Strict):
 
 
 class WorkloadSpec(Strict):
-    task: Literal["synthetic-lm", "digits", "cartpole"] = Field(
+    task: Literal["synthetic-lm", "digits", "cartpole", "finance"] = Field(
         "synthetic-lm", description="what is trained; synthetic-lm trains a model preset on random tokens"
     )
     model: Name = Field("gpt-1.3b", description="model preset (oresearcher.models.PRESETS) or task model name")
@@ -299,6 +299,30 @@ class FsdpSpec(Strict):
         return self.shard_group_size or world_size
 
 
+class ComplianceRuleSpec(Strict):
+    """One rule of the finance task's compliance engine (oresearcher.tasks.finance_compliance)."""
+
+    kind: Literal["max_ratio", "protected"] = Field(
+        description="max_ratio: approving above `limit` is a breach; protected: flipping this 0/1 input "
+                    "must not change the decision")
+    feature: Name = Field(description="the column checked, e.g. pirat (payment-to-income), afam, married")
+    limit: Optional[Float] = Field(None, gt=0, le=1e6, description="max_ratio: the largest allowed value (ratio)")
+    hard: bool = Field(True, description="a breach vetoes the decision (else it only lowers the compliance score)")
+
+    @model_validator(mode="after")
+    def _limit(self):
+        if (self.kind == "max_ratio") != (self.limit is not None):
+            raise ValueError("limit is required by kind max_ratio and only by it")
+        return self
+
+
+class FinanceSpec(Strict):
+    """The finance case study (workload.task = finance): the compliance agent's rules, as data."""
+
+    rules: list[ComplianceRuleSpec] = Field(default_factory=list, max_length=64,
+                                            description="rules every proposed credit decision is scored against")
+
+
 class Scenario(Strict):
     name: str = Field("scenario", description="a slug: letters, digits, '.', '_', '-' (names the output directory)")
     seed: Int = Field(0, ge=0, le=MAX_SEED)
@@ -310,6 +334,7 @@ class Scenario(Strict):
     simulation: SimulationSpec = Field(default_factory=SimulationSpec)
     cooperation: CooperationSpec = Field(default_factory=CooperationSpec)
     fsdp: FsdpSpec = Field(default_factory=FsdpSpec)
+    finance: FinanceSpec = Field(default_factory=FinanceSpec)
     _source: Optional[Path] = PrivateAttr(None)
 
     @field_validator("name", mode="before")

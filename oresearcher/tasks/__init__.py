@@ -14,6 +14,7 @@ TASKS = {
     "synthetic-lm": "oresearcher.tasks.synthetic_lm",
     "digits": "oresearcher.tasks.digits",
     "cartpole": "oresearcher.tasks.cartpole",
+    "finance": "oresearcher.tasks.finance",
 }
 
 
