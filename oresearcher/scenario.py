@@ -270,6 +270,23 @@ class PrivacySpec(Strict):
         return self
 
 
+class ReplaySpec(Strict):
+    """A prioritized replay pool shared by all agents (oresearcher.replay, oresearcher.replay_sharing)."""
+
+    enabled: bool = Field(False, description="agents share one prioritized replay pool (cartpole)")
+    capacity: Int = Field(100_000, ge=1, le=10**8, description="entries (transitions) in the pool; the oldest "
+                          "are evicted first")
+    alpha: Float = Field(0.6, ge=0, le=10, description="prioritization exponent: P(i) ~ p_i^alpha (0: uniform)")
+    beta_start: Float = Field(0.4, ge=0, le=1, description="importance-weight exponent at step 0, annealed "
+                              "linearly to 1 at training.steps")
+    sync_every: Int = Field(10, ge=1, le=MAX_STEPS, description="local steps between sharing rounds (one "
+                            "all-gather of new rows and priority updates)")
+    quota: Int = Field(64, ge=1, le=10**6, description="rows one agent may add per sharing round; older "
+                       "ones beyond it are dropped")
+    apex_epsilon: bool = Field(True, description="Ape-X exploration: fixed per-agent epsilons 0.4^(1+7i/(N-1)), "
+                               "the largest to explorers, instead of the decaying schedule")
+
+
 class CooperationSpec(Strict):
     """Options of the cooperative O-Researcher program (training.strategy = oresearcher)."""
 
@@ -278,6 +295,7 @@ class CooperationSpec(Strict):
     rewards: RewardSpec = Field(default_factory=RewardSpec)
     allocation: AllocationSpec = Field(default_factory=AllocationSpec)
     privacy: PrivacySpec = Field(default_factory=PrivacySpec)
+    replay: ReplaySpec = Field(default_factory=ReplaySpec)
 
 
 class FsdpSpec(Strict):
@@ -395,6 +413,17 @@ class Scenario(Strict):
         size = self.fsdp.group_size(self.agents.count)
         if self.agents.count % size:
             raise ValueError(f"fsdp.shard_group_size={size} does not divide agents.count={self.agents.count}")
+        return self
+
+    @model_validator(mode="after")
+    def _replay_fits(self):
+        if not self.cooperation.replay.enabled:
+            return self
+        if self.training.strategy != "oresearcher":
+            raise ValueError("cooperation.replay needs training.strategy: oresearcher")
+        if self.workload.task != "cartpole":
+            raise ValueError(f"cooperation.replay: the shared pool holds transitions of workload.task cartpole "
+                             f"(got {self.workload.task})")
         return self
 
     @property

@@ -51,12 +51,14 @@ from dataclasses import dataclass, field
 import torch
 
 from .. import privacy as P
+from .. import replay_sharing as RS
 from .. import roles as R
 from ..allocation import AllocationState
 from ..codecs.collectives import two_phase_allreduce
 from ..fusion import HeterogeneousEnsemble, fuse, group_weights
 from ..ops import AllGather, AllReduce, Compute, StepDone
 from ..outer import OuterNesterov
+from ..replay import PrioritizedReplay
 from ..rewards import reward, scheduled_weights, tv_novelty
 
 log = logging.getLogger(__name__)
@@ -258,6 +260,7 @@ def cooperative(ctx, learner):
     costs = lambda: [step_cost(r, cfg.roles.optimizer_method) for r in st.roles]  # noqa: E731
     swa = ctx.register("swa", R.SWAState())
     privacy = _privacy(ctx, learner) if cfg.privacy.enabled else None
+    replay = _replay(ctx, learner) if cfg.replay.enabled else None
     loop = ctx.register("loop", LoopState())
     if "loop" in ctx.restored:
         _resumed(ctx, learner, loop, rounds)
@@ -276,12 +279,17 @@ def cooperative(ctx, learner):
         _configure(learner, cfg, role, st.lr_mult[rank], sc)
         my_steps = max(1, steps_now[rank])  # >= 1 so every round ends on a StepDone
         shared_steps = min(max(1, steps_now[i]) for i in members)
+        world_steps = min(max(1, x) for x in steps_now)  # replay rounds: every agent takes part
+        if replay is not None and cfg.replay.apex_epsilon and hasattr(learner, "set_fixed_epsilon"):
+            learner.set_fixed_epsilon(RS.apex_epsilons(st.roles)[rank])
         losses, metrics = [], {}
         for s in range(my_steps):
             share = (sc.communication.gradient_sharing and len(members) > 1 and s < shared_steps
                      and s % sc.communication.share_every == 0)
             metrics = yield from train_step(ctx, learner, role, cfg, share_group, share, codec, privacy)
             losses.append(metrics.get("loss", float("nan")))
+            if replay is not None and s < world_steps and (s + 1) % cfg.replay.sync_every == 0:
+                yield from RS.share(replay, replay.message_numel)
             if role == "optimizer" and cfg.roles.optimizer_method == "swa":
                 yield Compute(lambda: swa.update(learner.flat_params()), flops=2.0 * learner.numel, name="swa")
             metrics.update(role=R.ROLE_CODES[role], lr=_current_lr(learner), round=rnd)
@@ -313,6 +321,18 @@ def _privacy(ctx, learner):
         sc.workload.global_batch / ctx.world_size)
     size = sc.cooperation.privacy.dataset_size or getattr(learner, "train_size", None) or batch
     return ctx.register("privacy", P.from_scenario(sc, ctx.rank, batch, size))
+
+
+def _replay(ctx, learner):
+    """This agent's replica of the shared prioritized pool (oresearcher.replay_sharing)."""
+    sc, c = ctx.scenario, ctx.scenario.cooperation.replay
+    batch = getattr(getattr(learner, "batches", None), "batch", 1)
+    spec = getattr(learner, "replay_spec", {})
+    pool = PrioritizedReplay(c.capacity, c.alpha, c.beta_start, beta_steps=sc.training.steps)
+    shared = ctx.register("replay", RS.SharedReplay(pool, spec, ctx.rank, c.quota, c.sync_every * batch))
+    if hasattr(learner, "use_shared_replay"):
+        learner.use_shared_replay(shared)
+    return shared
 
 
 def _resumed(ctx, learner, loop, rounds) -> None:

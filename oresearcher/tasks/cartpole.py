@@ -14,6 +14,13 @@ weights (``set_reward_weights``); then each stored transition carries
 ``w_base * 1 + w_novelty * count_novelty(state) + w_safety * [|x| <= 1.2]`` (the
 multi-objective reward of :mod:`oresearcher.rewards` as the return the agent optimises).
 
+Shared prioritized replay (``cooperation.replay``, :mod:`oresearcher.replay_sharing`): the
+program hands the learner a replica of the group's pool (``use_shared_replay``); collected
+transitions are queued for it, a step samples from it (once it holds a batch; the own
+buffer before that) with importance weights on the TD loss, and the batch's |TD errors|
+become the sampled rows' new priorities. With Ape-X exploration the program fixes each
+agent's epsilon by role (``set_fixed_epsilon``).
+
 Models: ``mlp`` (4 -> 64 -> 64 -> 2) and ``mlp-small`` (4 -> 32 -> 2). Test metric: mean
 greedy return over 5 fixed-seed episodes (max 500). Validators score on 3 other seeds.
 """
@@ -114,6 +121,8 @@ class DQNStream:
         self.episode_return, self.returns = 0.0, []
 
     def epsilon(self) -> float:
+        if self.l.fixed_epsilon is not None:  # Ape-X: one epsilon per agent, set by the program
+            return self.l.fixed_epsilon
         frac = min(1.0, self.collected / self.decay_steps)
         return min(1.0, (EPS_START + frac * (EPS_END - EPS_START)) * self.l.exploration_scale)
 
@@ -133,6 +142,7 @@ class DQNStream:
         return w[0] * env_reward + w[1] * nov + w[2] * float(abs(float(s2[0])) <= SAFE_BAND)
 
     def collect(self, n: int) -> None:
+        start = self.replay.i
         for _ in range(n):
             s = torch.as_tensor(self.obs)
             a = self._act(s)
@@ -145,6 +155,10 @@ class DQNStream:
                 self.returns.append(self.episode_return)
                 self.episode_return = 0.0
                 self.obs, _ = self.env.reset(seed=int(torch.randint(2**31 - 1, (), generator=self.g)))
+        if self.l.shared_replay is not None and n > 0:  # the same rows, queued for the group's pool
+            idx = (start + torch.arange(n)) % self.replay.cap
+            r = self.replay
+            self.l.shared_replay.insert({"s": r.s[idx], "a": r.a[idx], "r": r.r[idx], "s2": r.s2[idx], "d": r.d[idx]})
 
     def __iter__(self):
         return self
@@ -156,11 +170,18 @@ class DQNStream:
         if self.updates % TARGET_EVERY == 0:
             self.l.target.load_state_dict(self.l.module.state_dict())
         self.updates += 1
+        shared = self.l.shared_replay
+        if shared is not None and len(shared.pool) >= self.batch:
+            slots, rows, w = shared.pool.sample(self.batch, self.g, step=self.updates - 1)
+            return rows["s"], rows["a"], rows["r"], rows["s2"], rows["d"], w, slots
         return self.replay.sample(self.batch, self.g)
 
 
 class CartPoleLearner(TorchLearner):
     metric_name = "return"
+    # one transition, as the shared replay pool stores it: {column: (shape, dtype)}
+    replay_spec = {"s": ((4,), torch.float32), "a": ((), torch.int64), "r": ((), torch.float32),
+                   "s2": ((4,), torch.float32), "d": ((), torch.float32)}
 
     def __init__(self, arch: str, seed: int, rank: int, batch: int, env_steps: int, total_steps: int,
                  lr: float, optimizer: str, bucket_bytes: int):
@@ -168,6 +189,7 @@ class CartPoleLearner(TorchLearner):
         module = build_qnet(arch)
         self.target = build_qnet(arch)
         self.arch, self.exploration_scale, self.reward_weights = arch, 1.0, None
+        self.shared_replay, self.fixed_epsilon, self._sampled = None, None, None
         opt = (torch.optim.AdamW(module.parameters(), lr=lr, weight_decay=0.0) if optimizer == "adamw"
                else torch.optim.SGD(module.parameters(), lr=lr, momentum=0.9))
         s = torch.zeros(batch, 4)
@@ -181,11 +203,23 @@ class CartPoleLearner(TorchLearner):
         self._probe = self._probe_transitions()
 
     def _td_loss(self, module, batch):
-        s, a, r, s2, d = batch
+        s, a, r, s2, d = batch[:5]
         q = module(s).gather(1, a.unsqueeze(1)).squeeze(1)
         with torch.no_grad():
             target = r + GAMMA * (1.0 - d) * self.target(s2).max(1).values
-        return F.smooth_l1_loss(q, target)
+        if len(batch) == 5:
+            self._sampled = None
+            return F.smooth_l1_loss(q, target)
+        w, slots = batch[5:]  # from the shared prioritized pool: importance-weighted
+        self._sampled = (slots, (q - target).detach().abs())
+        return (w * F.smooth_l1_loss(q, target, reduction="none")).mean()
+
+    def use_shared_replay(self, shared) -> None:
+        """Queue collected transitions for ``shared`` (a SharedReplay) and sample from it."""
+        self.shared_replay = shared
+
+    def set_fixed_epsilon(self, eps) -> None:
+        self.fixed_epsilon = None if eps is None else float(eps)
 
     @staticmethod
     def _probe_transitions(n: int = 256):
@@ -209,6 +243,8 @@ class CartPoleLearner(TorchLearner):
 
     def forward_backward(self) -> dict:
         out = super().forward_backward()
+        if self._sampled is not None:  # the batch's |TD errors| are its rows' new priorities
+            self.shared_replay.update(self._sampled[0], self._sampled[1].numpy())
         if self.batches.returns:
             out["train_return"] = float(sum(self.batches.returns[-10:]) / len(self.batches.returns[-10:]))
         return out
