@@ -31,6 +31,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from oresearcher.divergence import AllExcluded, Diverged
 from oresearcher.errors import UserError, cli_main, short
 from oresearcher.programs import AgentContext, get_program
 from oresearcher.programs.learner import DTYPES
@@ -41,7 +42,7 @@ from oresearcher.trace import write_trace
 from . import checkpoint as ckpt
 from .interpreter import Interpreter, make_clock
 from .launcher import EXIT_PEER_LOST, DistEnv, connect_store
-from .monitor import Monitor
+from .monitor import Monitor, post_failure
 from .telemetry import Progress, TensorBoard, make_profiler
 
 log = logging.getLogger(__name__)
@@ -193,6 +194,8 @@ def run_rank(scenario, opts: RunOptions, denv: DistEnv, resume_step: Optional[in
                       prefix=denv.prefix, on_lost=stopper, store_owner=denv.store_owner).start()
     try:
         return _train(scenario, opts, rank, world, device, store, denv.prefix, monitor, resume_step)
+    except (Diverged, AllExcluded) as e:
+        return _diverged(e, rank, store, denv.prefix)
     except RuntimeError as e:
         msg = monitor.identify(wait_s=min(opts.timeout_s, 10.0)) if is_comm_error(e) else None
         if msg is None:
@@ -205,6 +208,17 @@ def run_rank(scenario, opts: RunOptions, denv: DistEnv, resume_step: Optional[in
         if monitor.lost is None:
             dist.destroy_process_group()
         log.debug("process group destroyed")
+
+
+def _diverged(e: UserError, rank: int, store, prefix: str) -> int:
+    """One line for the run (oresearcher.divergence): a rank that alone found a non-finite
+    value posts it as the failure notice the launcher and the other ranks print; when
+    every rank found it at once (all excluded) rank 0 says it."""
+    if isinstance(e, Diverged):
+        post_failure(store, prefix, str(e))
+    elif rank == 0:
+        raise e
+    return 2
 
 
 def finish_rank(code: int) -> None:

@@ -182,6 +182,10 @@ class TrainingSpec(Strict):
     checkpoint_every: Int = Field(0, ge=0, le=MAX_STEPS, description="steps between checkpoints (0: none)")
     eval_every: Int = Field(0, ge=0, le=MAX_STEPS, description="steps between held-out evaluations recorded in the "
                             "report's metrics (0: only after the last step)")
+    on_divergence: Optional[Literal["stop", "skip"]] = Field(
+        None, description="a non-finite loss, gradient or parameter on a rank, caught before it is shared: stop "
+        "(one line naming rank and step) or skip (leave the rank's contribution out, restore its last good "
+        "state); unset: skip for oresearcher, stop otherwise (oresearcher.divergence)")
 
     @field_validator("strategy", mode="before")
     @classmethod

@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .. import divergence as D
 from .. import privacy as P
 from .. import replay_sharing as RS
 from .. import roles as R
@@ -144,10 +145,11 @@ def _role_lr(cfg, role: str, lr_mult: float, base_lr: float) -> float:
 
 # ---- the pieces of a round (generators of ops) ----------------------------------------
 
-def train_step(ctx, learner, role, cfg, share_group, share, codec, privacy=None):
+def train_step(ctx, learner, role, cfg, share_group, share, codec, privacy=None, step=0):
     """One local step of ``role``; gradients averaged over ``share_group`` if ``share``.
     With ``privacy`` every step's gradient is DP-SGD's (oresearcher.privacy), noised
-    before the codec compresses it."""
+    before the codec compresses it. ``training.on_divergence: stop`` checks the loss and
+    gradients first (oresearcher.divergence); skip is the isolation below."""
     flops = learner.fwd_flops + learner.bwd_flops
     if privacy is not None:
         metrics = yield Compute(P.private_forward_backward, learner, privacy, name="dp_fwd_bwd",
@@ -156,6 +158,10 @@ def train_step(ctx, learner, role, cfg, share_group, share, codec, privacy=None)
         metrics = yield Compute(R.sam_forward_backward, learner, cfg.roles.sam_rho, flops=2 * flops, name="sam_fwd_bwd")
     else:
         metrics = yield Compute(learner.forward_backward, flops=flops, name="fwd_bwd")
+    if D.policy(ctx.scenario) == "stop" and ctx.numeric:
+        what = yield Compute(lambda: D.find((metrics or {}).get("loss"), D.learner_grads(learner)), name="finite_check")
+        if what:
+            raise D.Diverged(D.diverged_message(ctx.rank, step, what, ctx.scenario.training.lr))
     if share:
         buckets = yield Compute(_finite_buckets, learner, name="pack")
         reduced = []
@@ -286,7 +292,7 @@ def cooperative(ctx, learner):
         for s in range(my_steps):
             share = (sc.communication.gradient_sharing and len(members) > 1 and s < shared_steps
                      and s % sc.communication.share_every == 0)
-            metrics = yield from train_step(ctx, learner, role, cfg, share_group, share, codec, privacy)
+            metrics = yield from train_step(ctx, learner, role, cfg, share_group, share, codec, privacy, step)
             losses.append(metrics.get("loss", float("nan")))
             if replay is not None and s < world_steps and (s + 1) % cfg.replay.sync_every == 0:
                 yield from RS.share(replay, replay.message_numel)
@@ -378,6 +384,9 @@ def _round_end(ctx, learner, st, alloc, outer, swa, ids, pad_to, losses, progres
         yield Compute(flops=2.0 * len(members) * numel, name="fusion")
         steps, _ = alloc.plan([0.0] * n, units, [step_cost(r, cfg.roles.optimizer_method) for r in st.roles]) if units else ([], None)
         return {}, steps
+    if bool(pub.excluded.all()):  # the same numbers on every rank: all stop together
+        raise D.AllExcluded(D.excluded_message(f"round {st.round}", n, "agents have a non-finite or diverging "
+                                               "loss", sc.training.lr))
     rel, rew = round_rewards(pub, weights)
     if cfg.rewards.shape_loss and hasattr(learner, "set_peers"):  # the peer ensemble of the shaped loss
         peers = [(ids[j], flats[j]) for j in range(n) if j != rank and not bool(pub.excluded[j])]

@@ -18,6 +18,7 @@ carry only the learner, the codec (``ddp``) and DiLoCo's outer optimizer (regist
 from __future__ import annotations
 
 from ..codecs.collectives import two_phase_allreduce
+from ..divergence import Guard, guard_average, guard_buckets, guard_local
 from ..ops import AllReduce, Compute, StepDone, Wait
 from ..outer import OuterNesterov
 
@@ -27,16 +28,29 @@ def _backward_shares(learner, buckets):
     return [learner.bwd_flops * b.numel() / total for b in buckets]
 
 
-def allreduce_grads(ctx, learner, overlap: bool):
+def allreduce_grads(ctx, learner, overlap: bool, guard: Guard | None = None, step: int = 0):
     """Yield one step's forward, bucketed backward and gradient all-reduce.
 
     Returns (metrics, averaged buckets). Used by ``ddp`` and by cooperative programs.
     With a codec (``communication.codec``) each bucket goes through the two-phase
     compressed all-reduce after backward; compressed exchanges are blocking sequences
-    of ops, so they do not overlap backward.
+    of ops, so they do not overlap backward. With a ``guard``
+    (:mod:`oresearcher.divergence`) the loss and gradients are checked before sharing.
     """
-    metrics = yield Compute(learner.forward_backward, flops=learner.fwd_flops, name="forward")
+    fwd_bwd = learner.forward_backward if guard is None else (lambda: guard.forward_backward(learner))
+    metrics = yield Compute(fwd_bwd, flops=learner.fwd_flops, name="forward")
     buckets = yield Compute(learner.grad_buckets, name="pack")
+    scale = 1.0
+    if guard is not None:
+        buckets, scale = yield from guard_buckets(ctx, guard, step, metrics, buckets)
+    reduced = yield from _share(ctx, learner, buckets, overlap)
+    if scale != 1.0:  # some ranks shared zeros: the average over the healthy ones
+        reduced = [b * scale for b in reduced]
+    return metrics, reduced
+
+
+def _share(ctx, learner, buckets, overlap: bool):
+    """The backward compute and the gradient all-reduces of ``buckets``; returns them averaged."""
     shares = _backward_shares(learner, buckets)
     codec = ctx.codec
     if codec is not None:
@@ -45,7 +59,7 @@ def allreduce_grads(ctx, learner, overlap: bool):
         for i, b in enumerate(buckets):
             reduced.append((yield from two_phase_allreduce(codec, b, rank=ctx.rank, group=ctx.group,
                                                            world_size=ctx.world_size, key=f"grad{i}", average=True)))
-        return metrics, reduced
+        return reduced
     if overlap:
         handles = []
         for i, (b, f) in enumerate(zip(buckets, shares)):
@@ -59,14 +73,15 @@ def allreduce_grads(ctx, learner, overlap: bool):
         reduced = []
         for b in buckets:
             reduced.append((yield AllReduce(b, group=ctx.group, op="avg", name="grad_bucket")))
-    return metrics, reduced
+    return reduced
 
 
 def ddp(ctx, learner):
     """Synchronous data parallel: every step, average gradients across the group."""
     overlap = ctx.scenario.communication.overlap
+    guard = Guard.for_context(ctx)
     for step in range(ctx.start_step, ctx.steps):
-        metrics, reduced = yield from allreduce_grads(ctx, learner, overlap)
+        metrics, reduced = yield from allreduce_grads(ctx, learner, overlap, guard, step)
         yield Compute(learner.apply_grads, reduced, name="optimizer")
         if ctx.should_eval(step):
             metrics.update((yield Compute(learner.evaluate, name="evaluate")))
@@ -74,17 +89,28 @@ def ddp(ctx, learner):
         yield StepDone(step, metrics)
 
 
-def local_step(learner):
-    """One purely local training step: forward+backward then optimizer."""
-    metrics = yield Compute(learner.forward_backward, flops=learner.fwd_flops + learner.bwd_flops, name="fwd_bwd")
+def local_step(learner, ctx=None, guard: Guard | None = None, step: int = 0):
+    """One purely local training step: forward+backward then optimizer. With a ``guard``
+    a non-finite loss or gradient stops the run or restores the last good state
+    (:func:`oresearcher.divergence.guard_local`) instead of stepping."""
+    fwd_bwd = learner.forward_backward if guard is None else (lambda: guard.forward_backward(learner))
+    metrics = yield Compute(fwd_bwd, flops=learner.fwd_flops + learner.bwd_flops, name="fwd_bwd")
+    if guard is not None and (yield from guard_local(ctx, guard, step, metrics, learner)):
+        return metrics
     yield Compute(learner.optimizer_step, name="optimizer")
     return metrics
 
 
-def average_params(ctx, learner, outer: OuterNesterov | None = None):
-    """All-reduce-average the flat parameters; with ``outer`` apply DiLoCo's outer step."""
+def average_params(ctx, learner, outer: OuterNesterov | None = None, guard: Guard | None = None, step: int = 0):
+    """All-reduce-average the flat parameters; with ``outer`` apply DiLoCo's outer step.
+    With a ``guard`` diverged ranks are left out of the average (policy skip)."""
     flat = yield Compute(learner.flat_params, name="pack")
+    scale = 1.0
+    if guard is not None:
+        flat, scale = yield from guard_average(ctx, guard, step, flat)
     avg = yield AllReduce(flat, group=ctx.group, op="avg", name="param_average")
+    if scale != 1.0:
+        avg = avg * scale
     if outer is not None:
         avg = yield Compute(outer.step, avg, name="outer_step")
     yield Compute(learner.set_flat_params, avg, name="unpack")
@@ -97,10 +123,18 @@ def _periodic(ctx, learner, outer):
         ctx.register("outer", outer).to(ctx.device)  # a checkpoint loads on the CPU
         if outer.anchor is None:  # a fresh run (or a checkpoint of another strategy)
             outer.set_anchor((yield Compute(learner.flat_params, name="pack")))
+    guard = Guard.for_context(ctx)
+    if guard.policy == "skip":
+        yield Compute(guard.snapshot, learner, name="snapshot")
     for step in range(ctx.start_step, ctx.steps):
-        metrics = yield from local_step(learner)
+        if guard.out:  # diverged and restored: sits out until the average
+            metrics = {"diverged": 1.0}
+        else:
+            metrics = yield from local_step(learner, ctx, guard, step)
         if (step + 1) % H == 0 and ctx.world_size > 1:
-            yield from average_params(ctx, learner, outer)
+            yield from average_params(ctx, learner, outer, guard, step)
+            if guard.policy == "skip":
+                yield Compute(guard.snapshot, learner, name="snapshot")
         if ctx.should_eval(step):
             metrics.update((yield Compute(learner.evaluate, name="evaluate")))
         ctx.mark_boundary(step)
@@ -118,9 +152,16 @@ def diloco(ctx, learner):
 
 
 def single(ctx, learner):
-    """One agent alone: local steps, no communication (the equal-compute baseline)."""
+    """One agent alone: local steps, no communication (the equal-compute baseline).
+    Policy skip: a diverged step is dropped and the agent goes on from its last good
+    state (saved every ``training.local_steps`` steps)."""
+    guard = Guard.for_context(ctx)
+    H = ctx.scenario.training.local_steps
     for step in range(ctx.start_step, ctx.steps):
-        metrics = yield from local_step(learner)
+        if guard.policy == "skip" and (step - ctx.start_step) % H == 0:
+            yield Compute(guard.snapshot, learner, name="snapshot")
+        metrics = yield from local_step(learner, ctx, guard, step)
+        guard.out = False  # alone: nobody to wait for
         if ctx.should_eval(step):
             metrics.update((yield Compute(learner.evaluate, name="evaluate")))
         ctx.mark_boundary(step)

@@ -1,0 +1,30 @@
+"""bk_tiny's learner, made non-finite on one rank at one step (divergence tests).
+
+POISON_RANK and POISON_STEP (environment) say where: the gradients of that rank's
+forward/backward call number POISON_STEP (0-based) are NaN.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from bk_tiny import make_learner
+
+
+def make_nan_learner(scenario, rank, *, mode="real", device="cpu"):
+    learner = make_learner(scenario, rank, mode=mode, device=device)
+    if rank != int(os.environ.get("POISON_RANK", "1")):
+        return learner
+    at, calls, fb = int(os.environ.get("POISON_STEP", "3")), [0], learner.forward_backward
+
+    def poisoned():
+        metrics = fb()
+        if calls[0] == at:
+            for p in learner.params:
+                p.grad.fill_(float("nan"))
+        calls[0] += 1
+        return metrics
+
+    learner.forward_backward = poisoned
+    return learner
