@@ -4,8 +4,10 @@ Peers do not trust each other and there is no trusted aggregator, so every agent
 privatises its own gradient before it leaves (Abadi et al., "Deep Learning with
 Differential Privacy", CCS 2016, algorithm 1):
 
-1. per-sample gradients g_i of the agent's loss on its batch of B samples
-   (``torch.func.vmap`` over ``grad``: the same matmuls as the batched backward),
+1. per-sample gradients g_i of the agent's loss on its batch of B samples: opacus'
+   ``GradSampleModule`` hooks (one ordinary backward; each layer's per-sample weight
+   gradients from its saved activations and backprops), or ``torch.func.vmap`` over
+   ``grad`` for a model opacus refuses (the same products either way),
 2. each clipped to L2 norm at most C:  g_i * min(1, C / (||g_i|| + 1e-6)),
 3. summed, plus Gaussian noise N(0, (sigma C)^2 I) drawn by the agent itself,
 4. divided by B; the result is left in ``p.grad`` like any other gradient.
@@ -26,9 +28,9 @@ actually spent); the noise comes from a seeded ``torch.Generator`` so the simula
 real backends agree bit for bit -- a deployment would draw it from a secure generator.
 
 Cost charged by the simulator per private step (:func:`private_step_flops`): the plain
-forward+backward FLOPs (torch's FLOP counter counts the vmap'd per-sample computation
-exactly the same as the batched one: the weight gradients are the same products, just
-not summed), plus ``CLIP_OPS_PER_ELEMENT`` x B x D for the per-sample norms, the clip
+forward+backward FLOPs (the per-sample weight gradients are the batched weight gradient's
+products, not summed; torch's FLOP counter counts the vmap'd computation exactly as the
+batched one), plus ``CLIP_OPS_PER_ELEMENT`` x B x D for the per-sample norms, the clip
 scaling and the sum over B, plus ``NOISE_OPS_PER_ELEMENT`` x D for the noise. The
 per-sample gradients also take B x D extra memory, which the memory model does not count.
 """
@@ -36,6 +38,7 @@ from __future__ import annotations
 
 import math
 import warnings
+import weakref
 from typing import Callable
 
 import torch
@@ -117,8 +120,46 @@ class _Bound:
         return functional_call(self.module, self.tensors, args, kwargs)
 
 
+_HOOKED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # module -> GradSampleModule | False
+
+
+def grad_sample_module(module: torch.nn.Module):
+    """opacus' per-sample hooks on ``module`` (added once), or None where opacus refuses a
+    layer of it (e.g. BatchNorm mixes samples)."""
+    if module not in _HOOKED:
+        from opacus import GradSampleModule
+
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                _HOOKED[module] = GradSampleModule(module, batch_first=True, loss_reduction="mean")
+        except Exception:  # opacus' validators raise their own types (NotImplementedError, ...)
+            _HOOKED[module] = False
+    return _HOOKED[module] or None
+
+
+def hooked_per_sample_grads(module: torch.nn.Module, loss_fn: Callable, batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """([B, D] per-sample flat gradients, mean loss) by one backward through opacus' hooks;
+    ``loss_fn(module, batch)`` must be a mean over the samples. None if opacus refuses it."""
+    if grad_sample_module(module) is None:
+        return None
+    named = [p for p in module.parameters() if p.requires_grad]
+    for p in named:
+        p.grad, p.grad_sample = None, None
+    loss = loss_fn(module, batch)
+    with warnings.catch_warnings():  # torch notes the hooks fire on outputs only (inputs need no grad)
+        warnings.filterwarnings("ignore", message="Full backward hook is firing")
+        loss.backward()
+    B = named[0].grad_sample.shape[0]
+    grads = torch.cat([p.grad_sample.reshape(B, -1) for p in reversed(named)], dim=1)
+    for p in named:
+        p.grad_sample = None
+    return grads, loss.detach()
+
+
 def per_sample_grads(module: torch.nn.Module, loss_fn: Callable, batch) -> tuple[torch.Tensor, torch.Tensor]:
-    """([B, D] per-sample flat gradients, [B] losses) of ``loss_fn(module, batch_of_one)``.
+    """([B, D] per-sample flat gradients, [B] losses) of ``loss_fn(module, batch_of_one)``
+    by ``torch.func.vmap`` (any model; more per-op overhead than the hooks).
 
     Flat order is the learners' (reversed registration order, as their buckets). ``batch``
     is a tensor or a tuple of tensors with the samples along dim 0.
@@ -177,16 +218,20 @@ def from_scenario(scenario, rank: int, batch: int, dataset_size: int) -> Privacy
 def private_forward_backward(learner, state: PrivacyState) -> dict:
     """One private gradient of ``learner`` on its next batch, left in ``p.grad``.
 
-    Uses ``learner.private_loss_fn`` when the learner has one (a loss that does not read
-    values out with ``.item()``, which ``vmap`` forbids), else ``learner.loss_fn``.
+    Per-sample gradients by opacus' hooks; where opacus refuses the model, by ``vmap``
+    on ``learner.private_loss_fn`` if the learner has one (a loss that does not read values
+    out with ``.item()``, which ``vmap`` forbids), else ``learner.loss_fn``.
     """
     state.steps += 1
     if not hasattr(learner, "module"):  # shape mode: sizes only, the step still counts
         return {}
     learner.module.train()
     batch = next(learner.batches)
-    loss_fn = getattr(learner, "private_loss_fn", None) or learner.loss_fn
-    grads, losses = per_sample_grads(learner.module, loss_fn, batch)
+    out = hooked_per_sample_grads(learner.module, learner.loss_fn, batch)
+    if out is None:
+        loss_fn = getattr(learner, "private_loss_fn", None) or learner.loss_fn
+        out = per_sample_grads(learner.module, loss_fn, batch)
+    grads, losses = out
     flat = privatize(grads, state.clip_norm, state.sigma, state.generator)
     offset = 0
     for p in reversed(learner.params):

@@ -90,6 +90,8 @@ def test_per_sample_grads_match_a_loop_of_single_backward_passes():
     x, y = torch.randn(7, 6), torch.randint(3, (7,))
     loss_fn = lambda m, b: F.cross_entropy(m(b[0]), b[1])  # noqa: E731
     grads, losses = P.per_sample_grads(module, loss_fn, (x, y))
+    hooked, mean = P.hooked_per_sample_grads(module, loss_fn, (x, y))  # opacus' hooks: the default path
+    assert torch.allclose(hooked, grads, atol=1e-6) and float(mean) == pytest.approx(float(losses.mean()))
     params = list(module.parameters())
     for i in range(7):
         module.zero_grad()
@@ -97,6 +99,12 @@ def test_per_sample_grads_match_a_loop_of_single_backward_passes():
         loss.backward()
         ref = torch.cat([p.grad.reshape(-1) for p in reversed(params)])  # the learners' flat order
         assert torch.allclose(grads[i], ref, atol=1e-6) and float(losses[i]) == pytest.approx(float(loss.detach()))
+
+
+def test_a_model_opacus_refuses_falls_back_to_vmap():
+    module = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 2))
+    assert P.grad_sample_module(module) is None  # BatchNorm mixes samples
+    assert P.hooked_per_sample_grads(module, lambda m, b: m(b).sum(), torch.randn(3, 4)) is None
 
 
 def test_state_resumes_the_same_noise():
