@@ -98,6 +98,8 @@ def cmd_sweep(args) -> int:
     raw = args.sweep.split("=", 1)[1].split(",")
     if len(values) == 1 and len(raw) > 1:
         values = [parse_override(f"x={v}")[1] for v in raw]
+    for v in values:  # every value is checked before any runs: a bad one costs nothing
+        load_scenario(args.scenario, [*args.set, f"{field}={v}"])
     reports = []
     for v in values:
         _, report, _ = _run_one(args, [*args.set, f"{field}={v}"], f"{field}={v}")
