@@ -192,6 +192,10 @@ class TrainingSpec(Strict):
     checkpoint_every: Int = Field(0, ge=0, le=MAX_STEPS, description="steps between checkpoints (0: none)")
     eval_every: Int = Field(0, ge=0, le=MAX_STEPS, description="steps between held-out evaluations recorded in the "
                             "report's metrics (0: only after the last step)")
+    on_divergence: Optional[Literal["stop", "skip"]] = Field(
+        None, description="a non-finite loss, gradient or parameter on a rank, caught before it is shared: stop "
+        "(one line naming rank and step) or skip (leave the rank's contribution out, restore its last good "
+        "state); unset: skip for oresearcher, stop otherwise (oresearcher.divergence)")
 
     @field_validator("strategy", mode="before")
     @classmethod
@@ -280,6 +284,23 @@ class PrivacySpec(Strict):
         return self
 
 
+class ReplaySpec(Strict):
+    """A prioritized replay pool shared by all agents (oresearcher.replay, oresearcher.replay_sharing)."""
+
+    enabled: bool = Field(False, description="agents share one prioritized replay pool (cartpole)")
+    capacity: Int = Field(100_000, ge=1, le=10**8, description="entries (transitions) in the pool; the oldest "
+                          "are evicted first")
+    alpha: Float = Field(0.6, ge=0, le=10, description="prioritization exponent: P(i) ~ p_i^alpha (0: uniform)")
+    beta_start: Float = Field(0.4, ge=0, le=1, description="importance-weight exponent at step 0, annealed "
+                              "linearly to 1 at training.steps")
+    sync_every: Int = Field(10, ge=1, le=MAX_STEPS, description="local steps between sharing rounds (one "
+                            "all-gather of new rows and priority updates)")
+    quota: Int = Field(64, ge=1, le=10**6, description="rows one agent may add per sharing round; older "
+                       "ones beyond it are dropped")
+    apex_epsilon: bool = Field(True, description="Ape-X exploration: fixed per-agent epsilons 0.4^(1+7i/(N-1)), "
+                               "the largest to explorers, instead of the decaying schedule")
+
+
 class CooperationSpec(Strict):
     """Options of the cooperative O-Researcher program (training.strategy = oresearcher)."""
 
@@ -288,6 +309,7 @@ class CooperationSpec(Strict):
     rewards: RewardSpec = Field(default_factory=RewardSpec)
     allocation: AllocationSpec = Field(default_factory=AllocationSpec)
     privacy: PrivacySpec = Field(default_factory=PrivacySpec)
+    replay: ReplaySpec = Field(default_factory=ReplaySpec)
 
 
 class FsdpSpec(Strict):
@@ -309,6 +331,30 @@ class FsdpSpec(Strict):
         return self.shard_group_size or world_size
 
 
+class ComplianceRuleSpec(Strict):
+    """One rule of the finance task's compliance engine (oresearcher.tasks.finance_compliance)."""
+
+    kind: Literal["max_ratio", "protected"] = Field(
+        description="max_ratio: approving above `limit` is a breach; protected: flipping this 0/1 input "
+                    "must not change the decision")
+    feature: Name = Field(description="the column checked, e.g. pirat (payment-to-income), afam, married")
+    limit: Optional[Float] = Field(None, gt=0, le=1e6, description="max_ratio: the largest allowed value (ratio)")
+    hard: bool = Field(True, description="a breach vetoes the decision (else it only lowers the compliance score)")
+
+    @model_validator(mode="after")
+    def _limit(self):
+        if (self.kind == "max_ratio") != (self.limit is not None):
+            raise ValueError("limit is required by kind max_ratio and only by it")
+        return self
+
+
+class FinanceSpec(Strict):
+    """The finance case study (workload.task = finance): the compliance agent's rules, as data."""
+
+    rules: list[ComplianceRuleSpec] = Field(default_factory=list, max_length=64,
+                                            description="rules every proposed credit decision is scored against")
+
+
 class Scenario(Strict):
     name: str = Field("scenario", description="a slug: letters, digits, '.', '_', '-' (names the output directory)")
     seed: Int = Field(0, ge=0, le=MAX_SEED)
@@ -320,6 +366,7 @@ class Scenario(Strict):
     simulation: SimulationSpec = Field(default_factory=SimulationSpec)
     cooperation: CooperationSpec = Field(default_factory=CooperationSpec)
     fsdp: FsdpSpec = Field(default_factory=FsdpSpec)
+    finance: FinanceSpec = Field(default_factory=FinanceSpec)
     _source: Optional[Path] = PrivateAttr(None)
 
     @field_validator("name", mode="before")
@@ -380,6 +427,17 @@ class Scenario(Strict):
         size = self.fsdp.group_size(self.agents.count)
         if self.agents.count % size:
             raise ValueError(f"fsdp.shard_group_size={size} does not divide agents.count={self.agents.count}")
+        return self
+
+    @model_validator(mode="after")
+    def _replay_fits(self):
+        if not self.cooperation.replay.enabled:
+            return self
+        if self.training.strategy != "oresearcher":
+            raise ValueError("cooperation.replay needs training.strategy: oresearcher")
+        if self.workload.task != "cartpole":
+            raise ValueError(f"cooperation.replay: the shared pool holds transitions of workload.task cartpole "
+                             f"(got {self.workload.task})")
         return self
 
     @property
