@@ -8,7 +8,7 @@ cost model of that op.
 
     python -m oresearcher.run --backend=gloo --scenario scenarios/cpu-fsdp.yaml
     python -m oresearcher.run --backend=gloo --scenario scenarios/cpu-fsdp.yaml --set fsdp.shard_group_size=2
-    python -m oresearcher.run --resume runs/cpu-fsdp/gloo --num_agents=2   # 4 ranks' checkpoint on 2
+    python -m oresearcher.run --resume runs/cpu-fsdp/gloo --num_agents=2   # a stopped 4-rank run on 2 ranks
 
 Units follow torchtitan: ``fully_shard(block)`` for every block (the last one keeps its
 parameters gathered after forward: backward needs them at once), then
