@@ -108,16 +108,22 @@ def group_weights(flat: torch.Tensor, reliability: torch.Tensor, excluded: torch
 class HeterogeneousEnsemble(nn.Module):
     """Attention ensemble over the outputs of agents with different output widths.
 
-    forward(outputs: list of [B, w_k]) -> [B, d_model]. Projections to ``d_model``, one
-    multi-head attention over the agent axis, then the mean over agents.
+    forward(outputs: list of [B, w_k], present=None) -> [B, d_model] (or [B, out_width]
+    with ``out_width``: a linear head after the mean). Projections to ``d_model``, one
+    multi-head attention over the agent axis, then the mean over agents. ``present``
+    ([n] bool) leaves agents out: they are masked as keys and left out of the mean, and
+    their outputs (NaN for a diverged agent) are never read. Training it is
+    :mod:`oresearcher.ensemble`'s job.
     """
 
-    def __init__(self, in_widths: Sequence[int], d_model: int, n_heads: int = 1, init: str = "average"):
+    def __init__(self, in_widths: Sequence[int], d_model: int, n_heads: int = 1, init: str = "average",
+                 out_width: int | None = None):
         super().__init__()
         if d_model % n_heads:
             raise ValueError(f"d_model {d_model} not divisible by n_heads {n_heads}")
         self.proj = nn.ModuleList(nn.Linear(w, d_model) for w in in_widths)
         self.attn = nn.MultiheadAttention(d_model, n_heads, batch_first=True)
+        self.head = None if out_width is None else nn.Linear(d_model, out_width)
         if init == "average":
             self._init_average()
         elif init != "random":
@@ -137,10 +143,25 @@ class HeterogeneousEnsemble(nn.Module):
         self.attn.in_proj_bias.zero_()
         self.attn.out_proj.weight.copy_(torch.eye(d))
         self.attn.out_proj.bias.zero_()
+        if self.head is not None:  # the first out_width of the d_model columns, unchanged
+            self.head.weight.zero_()
+            k = min(self.head.out_features, d)
+            self.head.weight[:k, :k] = torch.eye(k)
+            self.head.bias.zero_()
 
-    def forward(self, outputs: Sequence[torch.Tensor]) -> torch.Tensor:
+    def forward(self, outputs: Sequence[torch.Tensor], present: torch.Tensor | None = None) -> torch.Tensor:
         if len(outputs) != len(self.proj):
             raise ValueError(f"{len(outputs)} outputs for an ensemble of {len(self.proj)} agents")
-        tokens = torch.stack([p(o) for p, o in zip(self.proj, outputs)], dim=1)  # [B, n, d]
-        mixed, _ = self.attn(tokens, tokens, tokens, need_weights=False)
-        return mixed.mean(dim=1)
+        if present is None:
+            tokens = torch.stack([p(o) for p, o in zip(self.proj, outputs)], dim=1)  # [B, n, d]
+            mixed, _ = self.attn(tokens, tokens, tokens, need_weights=False)
+            pooled = mixed.mean(dim=1)
+        else:
+            keep = torch.as_tensor(present, dtype=torch.bool)
+            tokens = torch.stack([p(o if bool(k) else torch.zeros_like(o)) for p, o, k in
+                                  zip(self.proj, outputs, keep)], dim=1)  # [B, n, d]
+            pad = (~keep).unsqueeze(0).expand(tokens.shape[0], -1)  # [B, n], True: not a key
+            mixed, _ = self.attn(tokens, tokens, tokens, key_padding_mask=pad, need_weights=False)
+            w = keep.to(mixed.dtype) / keep.sum().clamp(min=1)
+            pooled = (mixed * w.view(1, -1, 1)).sum(dim=1)
+        return pooled if self.head is None else self.head(pooled)

@@ -301,6 +301,38 @@ class ReplaySpec(Strict):
                                "the largest to explorers, instead of the decaying schedule")
 
 
+class EnsembleSpec(Strict):
+    """The attention ensemble over the agents' outputs (oresearcher.ensemble), supervised tasks."""
+
+    train: bool = Field(False, description="fit it on the validation split at every fusion round; the novelty "
+                        "reward and the distillation teacher use it (false: the plain mean of the agents' "
+                        "log-probabilities)")
+    heads: Int = Field(8, ge=1, le=64, description="attention heads over the agent axis")
+    d_model: Int = Field(32, ge=1, le=4096, description="width the agents' outputs are projected to; a multiple "
+                         "of heads")
+    epochs: Int = Field(100, ge=1, le=100_000, description="full-batch AdamW steps per fit")
+    lr: Float = Field(0.03, gt=0, le=10, description="AdamW learning rate of the fit")
+
+    @model_validator(mode="after")
+    def _heads_divide(self):
+        if self.d_model % self.heads:
+            raise ValueError(f"d_model {self.d_model} is not a multiple of heads {self.heads}")
+        return self
+
+
+class DistillSpec(Strict):
+    """One deployable model from the cluster (oresearcher.distill): after cooperative
+    training a student is distilled from the trained ensemble; ``run --export`` saves it."""
+
+    student: Optional[Name] = Field(None, description="the student's model name (a model of workload.task); "
+                                    "unset: no distillation phase")
+    steps: Int = Field(200, ge=1, le=MAX_STEPS, description="distillation steps (the task data split over ranks)")
+    lr: Float = Field(0.003, gt=0, le=10, description="student AdamW learning rate")
+    temperature: Float = Field(4.0, gt=0, le=100, description="softmax temperature of the soft targets")
+    alpha: Float = Field(0.7, ge=0, le=1, description="weight of the soft-target term; 1 - alpha weighs the "
+                         "task loss (cross-entropy on the labels)")
+
+
 class CooperationSpec(Strict):
     """Options of the cooperative O-Researcher program (training.strategy = oresearcher)."""
 
@@ -308,6 +340,7 @@ class CooperationSpec(Strict):
     fusion: FusionSpec = Field(default_factory=FusionSpec)
     rewards: RewardSpec = Field(default_factory=RewardSpec)
     allocation: AllocationSpec = Field(default_factory=AllocationSpec)
+    ensemble: EnsembleSpec = Field(default_factory=EnsembleSpec)
     privacy: PrivacySpec = Field(default_factory=PrivacySpec)
     replay: ReplaySpec = Field(default_factory=ReplaySpec)
 
@@ -366,6 +399,7 @@ class Scenario(Strict):
     simulation: SimulationSpec = Field(default_factory=SimulationSpec)
     cooperation: CooperationSpec = Field(default_factory=CooperationSpec)
     fsdp: FsdpSpec = Field(default_factory=FsdpSpec)
+    distill: DistillSpec = Field(default_factory=DistillSpec)
     finance: FinanceSpec = Field(default_factory=FinanceSpec)
     _source: Optional[Path] = PrivateAttr(None)
 
@@ -376,6 +410,16 @@ class Scenario(Strict):
             raise ValueError("a name is a slug of at most 64 letters, digits, '.', '_' or '-', "
                              "starting with a letter or digit (not a path)")
         return name
+
+    @model_validator(mode="after")
+    def _known_student(self):
+        from .tasks import model_names
+
+        student = self.distill.student
+        if student is not None and student not in model_names(self.workload.task):
+            raise ValueError(f"distill.student: unknown model {short(student)} for task {self.workload.task}; "
+                             f"known: {', '.join(model_names(self.workload.task))}")
+        return self
 
     @model_validator(mode="after")
     def _known_architectures(self):

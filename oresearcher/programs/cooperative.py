@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .. import divergence as D
+from .. import ensemble as E
 from .. import privacy as P
 from .. import replay_sharing as RS
 from .. import roles as R
@@ -197,11 +198,14 @@ def gather_params(ctx, learner, pad_to: int):
     return (yield AllGather(flat, name="param_gather"))
 
 
-def _novelty(probs: list) -> list[float]:
-    """Each agent's TV distance to the attention ensemble of the others (oresearcher.fusion)."""
+def _novelty(probs: list, ens=None) -> list[float]:
+    """Each agent's TV distance to the attention ensemble of the others: the trained one
+    (oresearcher.ensemble) once it has been fitted, else the plain mean (oresearcher.fusion)."""
     n = len(probs)
     if n < 2:
         return [0.0] * n
+    if ens is not None and ens.fits:
+        return E.loo_novelty(ens, probs)
     width = max(p.shape[-1] for p in probs)
     out = []
     # fork_rng: building the ensemble draws initial weights (then overwritten); keep that
@@ -224,7 +228,7 @@ def validate(ctx, learner, flats, ids, role, train_loss, numeric):
             res = yield Compute(learner.evaluate_params, flats[j], ids[j], name="validate")
             yield Compute(flops=float(res.get("flops", 0.0)), name="validate")
             results.append(res)
-        nov = yield Compute(_novelty, [r["probs"] for r in results], name="novelty")
+        nov = yield Compute(_novelty, [r["probs"] for r in results], ctx.state.get("ensemble"), name="novelty")
         rows = torch.tensor([[r[c] if c != "novelty" else nov[j] for c in R.REPORT_COLUMNS]
                              for j, r in enumerate(results)], dtype=torch.float64)
     dev = ctx.device if numeric else torch.device("meta")
@@ -268,6 +272,8 @@ def cooperative(ctx, learner):
     privacy = _privacy(ctx, learner) if cfg.privacy.enabled else None
     replay = _replay(ctx, learner) if cfg.replay.enabled else None
     loop = ctx.register("loop", LoopState())
+    if cfg.ensemble.train and ctx.numeric and hasattr(learner, "heldout_labels"):  # fitted every round
+        ctx.register("ensemble", E.from_scenario(sc, learner.n_classes))
     if "loop" in ctx.restored:
         _resumed(ctx, learner, loop, rounds)
     else:
@@ -409,6 +415,8 @@ def _round_end(ctx, learner, st, alloc, outer, swa, ids, pad_to, losses, progres
     yield Compute(learner.set_flat_params, new, name="unpack")
     if outer is not None:
         outer.set_anchor(new)
+    if "ensemble" in ctx.state:  # the outputs' attention ensemble, refitted on the agents of this round
+        info.update((yield from E.fit_round(ctx.state["ensemble"], learner, flats, ids, pub.excluded)))
     costs = [step_cost(r, cfg.roles.optimizer_method) for r in st.roles]
     steps, shares = alloc.plan(st.rewards[-1], units, costs) if units else ([1] * n, torch.full((n,), 1.0 / n))
     info.update(reward=float(rew[rank]), reliability=float(rel[rank]), excluded=float(pub.excluded[rank]),
@@ -470,7 +478,11 @@ def _final(ctx, learner, st, ids, pad_to, losses):
         "roles": list(st.roles), "reliability": rel.tolist(), "reward": rew.tolist(),
         "excluded": pub.excluded.tolist(), "scores": {k: v.tolist() for k, v in pub.columns.items()},
         "state": st.state_dict(),
+        "ids": list(ids), "flats": flats,  # the final agents: the distillation teacher's members
     }
+    if "ensemble" in ctx.state:  # the teacher: fitted on the final agents
+        out_ens = yield from E.fit_round(ctx.state["ensemble"], learner, flats, ids, pub.excluded)
+        learner.cooperative_result["ensemble_fit"] = out_ens
     out = {"final_reliability": float(rel[ctx.rank]), "final_excluded": float(pub.excluded[ctx.rank])}
     out.update((yield Compute(learner.evaluate, name="evaluate")))
     return out

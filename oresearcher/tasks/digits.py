@@ -184,6 +184,7 @@ class DigitsLearner(TorchLearner):
     """TorchLearner plus what the cooperative program asks of a task (held-out scoring)."""
 
     metric_name = "accuracy"
+    n_classes = N_CLASSES
 
     def __init__(self, arch: str, seed: int, rank: int, batch: int, lr: float, optimizer: str,
                  dtype: torch.dtype, bucket_bytes: int, device="cpu"):
@@ -300,6 +301,27 @@ class DigitsLearner(TorchLearner):
         logits, y, _ = self._score(self.module, "test")
         acc = float((logits.argmax(-1) == y).float().mean())
         return {"test_accuracy": acc, "test_loss": float(F.cross_entropy(logits, y)), "metric": acc}
+
+    # ---- what the trained ensemble and distillation ask (oresearcher.ensemble, .distill) ----
+
+    def heldout_labels(self, split: str = "val") -> torch.Tensor:
+        return load_splits()[split][1]
+
+    def task_data(self, split: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """(X [N, 64] in this learner's dtype and device, y [N]) of ``split``."""
+        X, y = load_splits()[split]
+        return X.to(self.device, self.dtype_), y.to(self.device)
+
+    def predict_params(self, flat: torch.Tensor, arch: str, X: torch.Tensor) -> tuple[torch.Tensor, float]:
+        """(logits [N, 10] float32 on the CPU, forward FLOPs) of the ``arch`` model holding ``flat``."""
+        module = self._module_for(arch)
+        torch.nn.utils.vector_to_parameters(flat[: self.arch_numel(arch)].to(self.device, self.dtype_),
+                                            module.parameters())
+        module.eval()
+        with torch.no_grad():
+            logits = module(X).float().cpu()
+        per_sample = self._arch_fwd_flops(arch) / max(1, len(self._x_probe))
+        return logits, per_sample * len(X)
 
     def evaluate_params(self, flat: torch.Tensor, arch: str) -> dict:
         """Validator's view of one agent: its flat parameters on the validation split.
