@@ -24,6 +24,12 @@ live (64 KiB - 32 MiB), and this module adds what it does, from its public sourc
   ``channel_GBps[protocol]`` however fast the link is. On NVLink this, not the link,
   limits LL and LL128; on a 100-200 Gb/s NIC the link does.
 
+Where constants live: what differs between machines (channels, per-protocol latencies
+and channel rates, launch and kernel costs, tree caps) is in the fabric profile with its
+source; what NCCL's tuner applies on every machine alike (LL's 1/4 of the link, LL128's
+120/128, the tree's 0.9, the ring plateau's x1.9) is part of its algorithm and stays
+here, next to the tuning.cc line it comes from.
+
 Measured constants, and why (in the fabric profile, with their source): NCCL's latency
 table ranks choices and leaves out the kernel's fixed cost; ``kernel_overhead_us`` is
 the published 8-byte latency minus the table's. LL and LL128 channel rates are half of
