@@ -109,8 +109,8 @@ def credit_metrics(module: nn.Module, rules, arch: str, split: str = "test") -> 
     y = dataset(arch).y[split]
     out = C.decision_rates(rev.approve, y)
     out["probs"] = logits.softmax(-1)
-    out.update(accuracy_before_veto=C.decision_rates(rev.proposed, y)["accuracy"], veto_rate=float(rev.veto.double().mean()),
-               safety=rev.safety, loss=float(F.cross_entropy(logits, y)))
+    out.update(accuracy_before_veto=C.decision_rates(rev.proposed, y)["accuracy"],
+               veto_rate=float(rev.veto.double().mean()), safety=rev.safety, loss=float(F.cross_entropy(logits, y)))
     feature = protected_feature(rules, arch)
     if feature is not None:
         out["fairness_gap"] = C.fairness_gap(rev.approve, dataset(arch).raw[split][feature])
