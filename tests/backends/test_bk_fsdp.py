@@ -1,5 +1,6 @@
 """fsdp on gloo: torch's fully_shard trains what one process trains, resumes exactly from
-its DCP checkpoints, and a checkpoint of 4 ranks loads on 2.
+its DCP checkpoints, a checkpoint of 4 ranks loads on 2, and the simulator's memory per
+rank is within 10% of the measured peak.
 
 Each gloo run costs ~10 s here (rank start-up dominates): two 20-step runs (2 ranks
 ZeRO-3; 4 ranks ZeRO-2 as HSDP 2 x 2), a same-size resume, a 4 -> 2 resume through the
@@ -141,3 +142,23 @@ def test_four_ranks_hsdp_match_one_process_and_load_on_two(tmp_path, child_env):
     assert rep["world_size"] == 2 and rep["start_step"] == 10 and len(got[0]) == STEPS - 10
     before = _losses(full, 4)[1]
     assert got[0][0] < 0.9 * before[0][0]  # it continues from the trained model, not from scratch
+
+
+def test_simulated_memory_within_10_percent_of_measured_peak(tmp_path, child_env):
+    """estimate_fsdp_memory against each rank's measured peak (its learner's whole life:
+    built, sharded, 3 steps), ZeRO-3 and ZeRO-2, 2 ranks."""
+    from oresearcher.scenario import load_scenario
+    from oresearcher.sim.simulate import build_cluster, memory_report
+
+    out = tmp_path / "peaks.json"
+    res = launch_local([sys.executable, str(HERE / "bk_fsdp_memory.py"), str(SCENARIO), str(out)], 2,
+                       timeout_s=120, env=child_env)
+    assert res.ok, res.failure
+    held = json.loads(out.read_text())
+    for reshard in ("true", "false"):
+        sc = load_scenario(SCENARIO, ["agents.count=2", f"fsdp.reshard_after_forward={reshard}"])
+        pred = memory_report(sc, build_cluster(sc)[0])["total"]
+        errors = [pred / h[reshard] - 1 for h in held]
+        print(f"reshard_after_forward={reshard}: predicted {pred / 1e6:.2f} MB, measured "
+              f"{[round(h[reshard] / 1e6, 2) for h in held]} MB, errors {[f'{e:+.1%}' for e in errors]}")
+        assert all(abs(e) < 0.10 for e in errors)
