@@ -207,6 +207,15 @@ class FinanceLearner(TorchLearner):
                 "probs": torch.stack([1 - p, p], -1), "flops": flops}
 
 
+def check_rules(rules) -> None:
+    """A rule must name a column of some credit dataset (a typo would silently check nothing)."""
+    known = sorted({f for a in MODELS if is_credit(a) for f in (*dataset(a).features, *dataset(a).raw["train"])})
+    for i, rule in enumerate(rules):
+        if rule.feature not in known:
+            raise UserError(f"finance.rules.{i}.feature: {rule.feature!r} is in no finance dataset; "
+                            f"known: {', '.join(known)}")
+
+
 def make_learner(scenario, rank: int, *, mode: str, device="cpu") -> FinanceLearner:
     if mode == "shape":
         raise UserError("workload.task=finance runs in numeric or real mode only (simulation.mode: numeric)")
@@ -216,6 +225,7 @@ def make_learner(scenario, rank: int, *, mode: str, device="cpu") -> FinanceLear
     if arch not in MODELS:
         raise UserError(f"workload.model: finance has models {', '.join(MODELS)} (got {arch!r})")
     rules = [C.Rule.from_spec(r) for r in scenario.finance.rules]
+    check_rules(rules)
     batch = max(1, w.global_batch // scenario.world_size)
     return FinanceLearner(arch, scenario.seed, rank, batch, scenario.training.lr, w.optimizer,
                           DTYPES[w.dtype], scenario.communication.bucket_bytes, rules, device)

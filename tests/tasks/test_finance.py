@@ -140,6 +140,33 @@ def test_rules_are_validated_at_the_scenario_boundary():
         load_scenario(FINANCE, ["finance.rules=[{kind: minimum, feature: pirat, limit: 1}]"])
 
 
+def test_a_rule_on_an_unknown_feature_is_one_clear_error():
+    sc = load_scenario(FINANCE, ["finance.rules=[{kind: protected, feature: gender}]"])
+    with pytest.raises(UserError, match="finance.rules.0.feature: 'gender' is in no finance dataset"):
+        make_learner(sc, 0, mode="numeric")
+
+
+def test_garch_baseline_or_its_one_line_skip(monkeypatch, capsys):
+    from oresearcher.tasks import finance_models as M
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import bench_finance
+
+    monkeypatch.setattr(M, "have_arch", lambda: False)
+    assert bench_finance.garch_rmse() is None
+    assert capsys.readouterr().out.strip() == M.GARCH_SKIP and "pip install -e .[finance]" in M.GARCH_SKIP
+    monkeypatch.undo()
+    if not M.have_arch():
+        pytest.skip(M.GARCH_SKIP)
+    d = D.load_sp500()
+    days = d.day["test"].numpy()[:50]
+    pred = M.garch_forecast(d.returns, d.train_end, days)
+    assert pred.shape == (50,) and np.isfinite(pred).all() and (pred > 0).all()
+    # persistence: the forecast follows the volatility of the days just before (corr with the input window's)
+    hist = np.sqrt(np.mean(d.X["test"].numpy()[:50, :, 0] ** 2, 1))
+    assert np.corrcoef(pred, hist)[0, 1] > 0.5
+
+
 # ---- models ------------------------------------------------------------------------
 
 def _one_step(model, x, loss_fn):
