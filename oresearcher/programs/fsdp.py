@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import torch
 
+from ..errors import UserError
 from ..ops import AllGather, AllReduce, Compute, ReduceScatter, StepDone, Wait
 from ..sharding import scenario_plan, shard_groups
 from .learner import DTYPES
@@ -57,7 +58,7 @@ def fsdp(ctx, learner):
 def _delegated(ctx, learner):
     """One rank of a real run: FSDP2's hooks communicate inside ``forward_backward``."""
     if not hasattr(learner, "save_sharded"):  # a plain replica would train alone, silently
-        raise ValueError("strategy fsdp runs a fully_shard learner (oresearcher.backends.fsdp.make_learner); "
+        raise UserError("strategy fsdp runs a fully_shard learner (oresearcher.backends.fsdp.make_learner); "
                          f"got {type(learner).__name__}")
     flops = learner.fwd_flops + learner.bwd_flops
     for step in range(ctx.start_step, ctx.steps):
