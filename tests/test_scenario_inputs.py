@@ -129,7 +129,9 @@ def _check(code, err, seconds, words):
     assert code == 2, err
     assert 1 <= len(err) <= 3 and "Traceback" not in "\n".join(err), err[:5]
     assert err[-1].startswith("error: ") and words in err[-1], err[-1][:400]
-    assert len(err[-1]) < 700 and seconds < 10
+    # the "under 10 s" is about hangs (a 1e12-step scenario used to run on); a loaded
+    # CI machine can stretch a normal refusal, so the bound catches hangs, not slowness
+    assert len(err[-1]) < 700 and seconds < 60
 
 
 def _write(tmp_path, text):

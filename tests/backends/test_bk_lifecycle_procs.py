@@ -102,7 +102,7 @@ def test_two_runs_into_one_directory_at_once_one_refuses(tmp_path, child_env):
         _wait_for_checkpoint(out, first)
         t0 = time.monotonic()
         second = run(["--scenario", str(sc), "--learner", TINY, "--out", str(out), "--overwrite"], child_env)
-        assert time.monotonic() - t0 < 10
+        assert time.monotonic() - t0 < 60  # refused at once, not after the first run: a hang check, not a timing
         first.send_signal(signal.SIGTERM)
         first.communicate(timeout=30)
     finally:
