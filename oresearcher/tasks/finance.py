@@ -155,6 +155,13 @@ class FinanceLearner(TorchLearner):
         self.train_size = len(X)
         self._eval_flops = {}
 
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "data": self.batches.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.batches.load_state_dict(state["data"])
+
     def arch_numel(self, arch: str) -> int:
         return sum(p.numel() for p in self._module_for(arch).parameters())
 
