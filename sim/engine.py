@@ -1,7 +1,8 @@
 """The SimPy interpreter: one process per rank, ops priced on a modelled cluster.
 
 Each rank's program runs as a SimPy process. A Compute op takes
-``flops / achieved FLOP/s + host overhead`` of simulated time (and, in numeric mode, runs
+``flops / achieved FLOP/s + host overhead`` of simulated time, or what ``pricing`` (the
+roofline model, :mod:`.roofline`) says plus the host overhead (and, in numeric mode, runs
 its function). A collective completes when every member of its group has issued it; its
 duration comes from the collective algorithm (:mod:`.collectives`) moving flows over the
 max-min fair network (:mod:`.network`), so concurrent collectives slow each other down.
@@ -58,12 +59,15 @@ class Engine:
     """Interprets ops for ``world_size`` ranks on ``topo`` with ``device`` compute."""
 
     def __init__(self, topo, device, dtype: str = "bf16", algorithm: str = "auto",
-                 timeline: Timeline | None = None, env: simpy.Environment | None = None, seed: int = 0):
+                 timeline: Timeline | None = None, env: simpy.Environment | None = None, seed: int = 0,
+                 pricing=None):
         self.env = env or simpy.Environment()
         self.topo, self.device, self.algorithm = topo, device, algorithm
         self.world_size = topo.world_size
         self.rate = device.flops_per_s(dtype)
         self.host = device.host_overhead_s
+        # pricing(op name, flops) -> seconds or None (None: the flat flops / rate); see sim/roofline.py
+        self.pricing = pricing
         self.seed = int(seed)
         self.jitter = lognormal_params(float(getattr(device, "compute_jitter_cv", 0.0) or 0.0))
         self.rho = float(getattr(device, "compute_jitter_rho", 0.0) or 0.0)
@@ -119,7 +123,8 @@ class Engine:
             if type(op) is Compute:
                 if op.fn is not None:
                     val = op.fn(*op.args, **op.kwargs)
-                dur = op.flops / rate + host
+                priced = self.pricing(op.name, op.flops) if self.pricing is not None else None
+                dur = (op.flops / rate if priced is None else priced) + host
                 if rho > 0:
                     dur *= step_factor
                 elif rng is not None:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Literal, Optional
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from oresearcher.errors import UserError
 
@@ -43,6 +43,40 @@ class DeviceProfile(_Strict):
     # of the step shares it, so compute_jitter_cv is then the spread of a step) and its
     # logarithm follows an AR(1) over steps with this lag-1 correlation.
     compute_jitter_rho: float = Field(0.0, ge=0, lt=1, description="step-to-step correlation of a rank's slowness")
+    # The roofline model (sim/roofline.py): each traced kernel costs max(FLOPs / achievable
+    # rate, bytes / memory bandwidth) + launches. "flat" (the default) keeps FLOPs /
+    # (peak x efficiency) + host overhead per Compute op; profiles without these fields are flat.
+    compute_model: Literal["flat", "roofline"] = Field("flat", description="how Compute ops are priced")
+    memory_bandwidth_GBps: Optional[float] = Field(None, gt=0, description="device memory bandwidth, GB/s")
+    memory_efficiency: float = Field(1.0, gt=0, le=1, description="achievable fraction of memory_bandwidth_GBps")
+    launch_us: Optional[float] = Field(None, ge=0, description="per kernel launch, microseconds")
+    achievable: Optional[dict[Literal["matmul", "attention", "vector"], float]] = Field(
+        None, description="achievable fraction of peak_flops per op class")
+    foreach_optimizer: bool = Field(True, description="optimizer runs torch's foreach kernels (CUDA); CPUs loop")
+
+    @model_validator(mode="after")
+    def _roofline_complete(self):
+        if self.compute_model == "roofline" and not self.has_roofline:
+            raise ValueError("compute_model roofline needs memory_bandwidth_GBps, launch_us and "
+                             "achievable (matmul, attention)")
+        for k, v in (self.achievable or {}).items():
+            if not 0 < v <= 1:
+                raise ValueError(f"achievable.{k} must be in (0, 1], got {v}")
+        return self
+
+    @property
+    def has_roofline(self) -> bool:
+        return (self.memory_bandwidth_GBps is not None and self.launch_us is not None
+                and self.achievable is not None and {"matmul", "attention"} <= set(self.achievable))
+
+    @property
+    def memory_bandwidth(self) -> float:
+        """Achievable bytes/s of device memory."""
+        return self.memory_bandwidth_GBps * GB * self.memory_efficiency
+
+    @property
+    def launch_s(self) -> float:
+        return self.launch_us * US
 
     def flops_per_s(self, dtype: str) -> float:
         """Achieved FLOP/s for ``dtype`` (peak x efficiency)."""
@@ -175,4 +209,14 @@ def lookup(cat: dict, kind: str, name: str, where: str):
     if prof is None:
         known = ", ".join(sorted(n for k, n in cat if k == kind))
         raise UserError(f"{where}: unknown {kind} profile {name!r} (known: {known})")
+    """The profile called ``name``. A device name may end in ``:roofline`` or ``:flat`` to
+    choose its compute model (``cluster.device=H200:roofline``)."""
+    name, _, model = name.partition(":") if kind == "device" else (name, "", "")
     return prof
+    if model:
+        if model not in ("flat", "roofline"):
+            raise UserError(f"{where}: {name}:{model}: the compute model after ':' must be flat or roofline")
+        try:
+            prof = DeviceProfile.model_validate({**prof.model_dump(), "compute_model": model})
+        except ValidationError as e:
+            raise UserError(f"{where}: {name}:{model}: {e.errors()[0]['msg']}") from None

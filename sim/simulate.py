@@ -94,6 +94,24 @@ def fsdp_memory_report(scenario: Scenario, cost, device) -> dict:
 
 
 def simulate(scenario: Scenario, *, mode: str | None = None, on_step=None, keep_spans: int = 200_000):
+def compute_pricing(scenario: Scenario, device):
+    """The roofline pricing (sim/roofline.py) where the device profile asks for it and the
+    workload is a language-model preset; None (the flat FLOP rate) otherwise."""
+    if device.compute_model != "roofline" or scenario.workload.task != "synthetic-lm":
+        return None
+    from oresearcher.tasks.synthetic_lm import micro_batch
+
+    from .roofline import RooflinePricing, price_lm_step
+
+    w = scenario.workload
+    price = price_lm_step(device, w.model, micro_batch(scenario), w.seq_len, w.dtype, w.activation_checkpointing,
+                          w.optimizer)
+    share = 1.0
+    if scenario.training.strategy == "fsdp":
+        share = 1.0 / scenario.fsdp.group_size(scenario.world_size)
+    return RooflinePricing(price, optimizer_share=share)
+
+
     """Run ``scenario`` in the simulator; returns (report dict, Timeline)."""
     mode = mode or resolve_mode(scenario)
     device, topo = build_cluster(scenario)
@@ -106,7 +124,7 @@ def simulate(scenario: Scenario, *, mode: str | None = None, on_step=None, keep_
         raise UserError(f"{getattr(scenario, '_source', scenario.name)}: {e}") from None
     ctxs = [AgentContext(rank=r, world_size=n, scenario=scenario, mode=mode, device=torch_device) for r in range(n)]
     engine = Engine(topo, device, scenario.workload.dtype, scenario.communication.algorithm,
-                    Timeline(n, keep_spans=keep_spans), seed=scenario.seed)
+                    Timeline(n, keep_spans=keep_spans), seed=scenario.seed, pricing=compute_pricing(scenario, device))
     engine.on_step = on_step
     tl = engine.run([program(c, l) for c, l in zip(ctxs, learners)])
     extra = {
