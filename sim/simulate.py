@@ -93,7 +93,6 @@ def fsdp_memory_report(scenario: Scenario, cost, device) -> dict:
                       "a smaller micro batch or a larger shard group"}
 
 
-def simulate(scenario: Scenario, *, mode: str | None = None, on_step=None, keep_spans: int = 200_000):
 def compute_pricing(scenario: Scenario, device):
     """The roofline pricing (sim/roofline.py) where the device profile asks for it and the
     workload is a language-model preset; None (the flat FLOP rate) otherwise."""
@@ -112,6 +111,7 @@ def compute_pricing(scenario: Scenario, device):
     return RooflinePricing(price, optimizer_share=share)
 
 
+def simulate(scenario: Scenario, *, mode: str | None = None, on_step=None, keep_spans: int = 200_000):
     """Run ``scenario`` in the simulator; returns (report dict, Timeline)."""
     mode = mode or resolve_mode(scenario)
     device, topo = build_cluster(scenario)
