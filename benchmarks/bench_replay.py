@@ -9,6 +9,13 @@ importance weights, gathering the rows) against numpy's weighted choice of 256 i
 from the same priorities (normalised once, outside the timing; numpy still checks and
 scans all of them every call), in the same run. Median of repeated calls; the target is a ratio of at least 50.
 Also: a priority update of 256 slots, and a sharing round's insert of 256 rows.
+
+    OMP_NUM_THREADS=1 python benchmarks/bench_replay.py --cartpole 3   # + CartPole with and without the pool
+
+``--cartpole N`` also trains ``scenarios/cartpole-4.yaml`` (4 DQN agents, 1,200 steps) on
+seeds 100..100+N-1 with each agent's own buffer, with the shared pool and Ape-X epsilons
+by role, and with the shared pool and the task's decaying epsilon, in the reference
+interpreter, and prints the agents' mean test return.
 """
 from __future__ import annotations
 
@@ -32,11 +39,34 @@ def median_us(fn, repeats: int) -> float:
     return statistics.median(times) * 1e6
 
 
+def cartpole(seeds: int) -> None:
+    from oresearcher.programs import AgentContext, get_program
+    from oresearcher.scenario import load_scenario
+    from oresearcher.tasks import make_learner
+    from oresearcher.testing import run_programs
+
+    print(f"\ncartpole-4, mean test return of the 4 agents (max 500), seeds 100-{99 + seeds}")
+    on = ["cooperation.replay.enabled=true"]
+    for label, sets in (("own buffers", []), ("shared, Ape-X", on),
+                        ("shared, decay", on + ["cooperation.replay.apex_epsilon=false"])):
+        means = []
+        for seed in range(100, 100 + seeds):
+            sc = load_scenario("scenarios/cartpole-4.yaml", sets + [f"seed={seed}"])
+            learners = [make_learner(sc, r, mode="numeric") for r in range(4)]
+            steps = run_programs([get_program("oresearcher")(AgentContext(r, 4, sc, mode="numeric"), l)
+                                  for r, l in enumerate(learners)])
+            means.append(statistics.mean(s[-1].metrics["test_return"] for s in steps))
+        sd = statistics.stdev(means) if len(means) > 1 else 0.0
+        print(f"{label:<14}{statistics.mean(means):>8.1f} +- {sd:.1f}   " + " ".join(f"{m:.1f}" for m in means),
+              flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pool", type=int, default=1_000_000, help="entries in the pool (default 1,000,000)")
     ap.add_argument("--batch", type=int, default=256, help="batch size (default 256)")
     ap.add_argument("--repeats", type=int, default=200, help="timed calls per case (default 200)")
+    ap.add_argument("--cartpole", type=int, default=0, metavar="N", help="also train CartPole on N seeds (default 0)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     n, k = args.pool, args.batch
@@ -67,6 +97,8 @@ def main() -> None:
     print(f"{'update_priorities (k slots)':<44}{upd:>12,.1f}")
     print(f"{'add (k rows, FIFO eviction)':<44}{ins:>12,.1f}")
     print(f"ratio np.random.choice / sample: {ref / ours:.1f}x (target >= 50x)")
+    if args.cartpole:
+        cartpole(args.cartpole)
 
 
 if __name__ == "__main__":
