@@ -69,25 +69,41 @@ class TorchLearner:
     ``loss_fn(module, batch) -> scalar loss``; ``batches`` yields batches forever.
     ``step_flops`` is what the simulator charges per forward+backward; measure it with
     ``oresearcher.workloads`` (torch.utils.flop_counter), never by hand.
+
+    Mixed precision (``autocast_dtype`` bf16/fp16, the module in fp32): the forward runs
+    under ``torch.autocast``, the parameters, gradients and optimizer state stay fp32
+    (master weights; AdamW 4 + 4 + 8 = 16 bytes/parameter, the total the simulator's
+    memory model charges) and what goes on the wire is in the compute dtype, as the
+    simulator charges it: gradient buckets are cast to it before the all-reduce (DDP's
+    bf16_compress_hook) and cast back on apply; flat parameters are the compute-dtype
+    copy, and setting them keeps each master's low-order residual below that precision
+    (``master = new + (master - low(master))``), so averaging does not round the masters.
     """
 
     def __init__(self, module: nn.Module, optimizer: torch.optim.Optimizer,
                  batches: Iterator, loss_fn: Callable, *, fwd_flops: float, bwd_flops: float,
-                 bucket_bytes: int = 25 * 10**6, eval_fn: Callable | None = None):
+                 bucket_bytes: int = 25 * 10**6, eval_fn: Callable | None = None,
+                 autocast_dtype: torch.dtype | None = None):
         self.module, self.optimizer, self.batches, self.loss_fn = module, optimizer, batches, loss_fn
         self.fwd_flops, self.bwd_flops = float(fwd_flops), float(bwd_flops)
         self.params = [p for p in module.parameters() if p.requires_grad]
         self.param_numels = tuple(p.numel() for p in self.params)
         self.numel = sum(self.param_numels)
-        self.dtype = self.params[0].dtype
-        self.buckets = bucket_sizes(self.param_numels, bucket_bytes, self.params[0].element_size())
+        self.autocast = autocast_dtype
+        self.dtype = autocast_dtype or self.params[0].dtype  # on the wire
+        self.buckets = bucket_sizes(self.param_numels, bucket_bytes, torch.empty((), dtype=self.dtype).element_size())
         self.eval_fn = eval_fn
 
     def forward_backward(self) -> dict:
         """Gradients of the loss on the next batch, left in ``p.grad``."""
         self.module.train()
         self.optimizer.zero_grad(set_to_none=False)
-        loss = self.loss_fn(self.module, next(self.batches))
+        batch = next(self.batches)
+        if self.autocast is None:
+            loss = self.loss_fn(self.module, batch)
+        else:
+            with torch.autocast(self.params[0].device.type, dtype=self.autocast):
+                loss = self.loss_fn(self.module, batch)
         loss.backward()
         return {"loss": float(loss.detach())}
 
@@ -95,7 +111,7 @@ class TorchLearner:
         # reverse registration order, matching bucket_sizes
         return torch.cat([
             (p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in reversed(self.params)
-        ])
+        ]).to(self.dtype)
 
     def grad_buckets(self) -> list[torch.Tensor]:
         return list(self._flat_grads().split(self.buckets))
@@ -115,10 +131,15 @@ class TorchLearner:
         self.optimizer.step()
 
     def flat_params(self) -> torch.Tensor:
-        return torch.nn.utils.parameters_to_vector(self.params).detach().clone()
+        return torch.nn.utils.parameters_to_vector(self.params).detach().to(self.dtype).clone()
 
     def set_flat_params(self, flat: torch.Tensor) -> None:
-        torch.nn.utils.vector_to_parameters(flat.to(self.dtype), self.params)
+        master = self.params[0].dtype
+        new = flat.to(master)
+        if self.dtype != master:  # keep the masters' residual below the compute dtype
+            old = torch.nn.utils.parameters_to_vector(self.params).detach()
+            new = new + (old - old.to(self.dtype).to(master))
+        torch.nn.utils.vector_to_parameters(new, self.params)
 
     def evaluate(self) -> dict:
         if self.eval_fn is None:

@@ -56,7 +56,9 @@ def make_learner(scenario, rank: int, *, mode: str, device="cpu"):
         return ShapeLearner(cost.param_numels, cost.fwd_flops, cost.bwd_flops, DTYPES[w.dtype],
                             comm.bucket_bytes, recompute_flops=cost.recompute_flops)
     torch.manual_seed(scenario.seed)  # every agent starts as a clone of one base model
-    model = build_model(w.model, device=device, dtype=torch.float32 if w.dtype == "fp32" else DTYPES[w.dtype])
+    # mixed precision, as the simulator charges it: fp32 master weights and optimizer state,
+    # 16-bit compute under autocast (TorchLearner)
+    model = build_model(w.model, device=device, dtype=torch.float32)
     model.activation_checkpointing = w.activation_checkpointing
     vocab = PRESETS[w.model].vocab_size
     batches = TokenStream(vocab, mb, w.seq_len, scenario.seed, rank, device=device)
@@ -71,4 +73,5 @@ def make_learner(scenario, rank: int, *, mode: str, device="cpu"):
         return lm_loss(module(batch[:, :-1]), batch[:, 1:])
 
     return LMLearner(model, optimizer, batches, loss_fn, fwd_flops=cost.fwd_flops,
-                        bwd_flops=cost.bwd_flops + cost.recompute_flops, bucket_bytes=comm.bucket_bytes)
+                        bwd_flops=cost.bwd_flops + cost.recompute_flops, bucket_bytes=comm.bucket_bytes,
+                        autocast_dtype=None if w.dtype == "fp32" else DTYPES[w.dtype])
