@@ -61,6 +61,7 @@ class RunOptions:
     learner: Optional[str] = None  # "module:function" building learners instead of the task registry
     threads: int = 1
     keep_checkpoints: int = 2
+    export: Optional[Path] = None  # --export DIR: rank 0 saves the distilled student there (oresearcher.export)
 
 
 def backend_unavailable(backend: str) -> Optional[str]:
@@ -309,7 +310,8 @@ def _train(scenario, opts: RunOptions, rank, world, device, store, prefix, monit
     gc.collect()  # free tensors shared with gloo's threads now, not during interpreter shutdown
     merged = gather_timeline(tl, rank, world)
     if rank == 0:
-        _write_report(merged, scenario, opts, start, wall, device)
+        more = _distilled(learner, scenario, opts)
+        _write_report(merged, scenario, opts, start, wall, device, more)
     dist.barrier()  # nobody tears down while rank 0 is still writing
     return 0
 
@@ -333,7 +335,21 @@ def final_metrics(tl: Timeline) -> dict:
     return {k: sum(v) / len(v) for k, v in sorted(last.items())}
 
 
-def _write_report(tl: Timeline, scenario, opts: RunOptions, start: int, wall: float, device) -> None:
+def _distilled(learner, scenario, opts: RunOptions) -> dict:
+    """Rank 0, after a distillation phase: the comparison (oresearcher.distill) for the
+    report, and the export with ``--export``."""
+    if getattr(learner, "distill_result", None) is None:
+        return {}
+    from oresearcher import distill
+
+    section = distill.comparison(learner, scenario)
+    if opts.export is not None:
+        section["export"] = str(distill.export(learner, scenario, opts.export))
+    return {"distill": section}
+
+
+def _write_report(tl: Timeline, scenario, opts: RunOptions, start: int, wall: float, device,
+                  more: Optional[dict] = None) -> None:
     extra = {
         "strategy": scenario.training.strategy,
         "final_metrics": final_metrics(tl),
@@ -341,6 +357,7 @@ def _write_report(tl: Timeline, scenario, opts: RunOptions, start: int, wall: fl
         "wall_time_s": wall,
         "device": str(device) if device.type == "cpu" else torch.cuda.get_device_name(device),
         "torch_version": torch.__version__,
+        **(more or {}),
     }
     report = summarize(tl, scenario.resolved(), backend=opts.backend, extra=extra)
     path = Path(opts.out_dir) / "report.json"

@@ -22,8 +22,9 @@ mean), so leave-one-out predictions stay in distribution: the novelty reward com
 agent j with the ensemble of the others, ``ensemble(..., present without j)``
 (:func:`loo_novelty`). Diverged agents are left out by the same mask.
 
-Every rank fits the same ensemble from the same gathered numbers with a seeded
-generator, so no message carries it (the program's usual rule); its weights are a State
+One rank fits (the first validator, which scores every agent anyway) and a Broadcast
+hands the weights to every rank: the fit (about as many FLOPs as a few hundred local
+steps of these small agents) is paid once, not once per rank. The weights are a State
 object checkpointed with the run (:meth:`EnsembleState.state_dict`), and the distillation
 teacher (:mod:`oresearcher.distill`) is the ensemble fitted on the final agents.
 """
@@ -35,7 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from .fusion import HeterogeneousEnsemble
-from .ops import Compute
+from .ops import Broadcast, Compute
 from .rewards import tv_novelty
 
 EPS = 1e-12
@@ -51,7 +52,7 @@ class EnsembleState:
     """The ensemble's weights and fitting schedule (hyperparameters from
     ``cooperation.ensemble``); ``fits`` counts rounds fitted (it seeds the agent dropout)."""
 
-    def __init__(self, n_agents: int, width: int, *, d_model: int = 32, n_heads: int = 8, epochs: int = 100,
+    def __init__(self, n_agents: int, width: int, *, d_model: int = 16, n_heads: int = 8, epochs: int = 50,
                  lr: float = 0.01, seed: int = 0):
         self.n, self.width, self.d_model, self.n_heads = n_agents, width, d_model, n_heads
         self.epochs, self.lr, self.seed, self.fits = epochs, lr, seed, 0
@@ -93,11 +94,12 @@ class EnsembleState:
         with torch.no_grad():
             start = min((self.model, fresh), key=held)  # ties: last round's weights
             mean_loss = held(fresh)
-        model, best, best_loss, best_epoch = copy.deepcopy(start), None, None, 0
-        opt = torch.optim.AdamW(model.parameters(), lr=self.lr, weight_decay=1e-4)
-        g = torch.Generator().manual_seed(self.seed * 7_919 + self.fits)
+        model, best_epoch = copy.deepcopy(start), 0
         with torch.no_grad():
             best, best_loss = copy.deepcopy(model.state_dict()), held(model)
+        g = torch.Generator().manual_seed(self.seed * 7_919 + self.fits)
+        _break_symmetry(model, self.width, g)
+        opt = torch.optim.AdamW(model.parameters(), lr=self.lr, weight_decay=1e-4)
         healthy = torch.nonzero(keep).reshape(-1)
         for epoch in range(1, self.epochs + 1):
             model.train()
@@ -124,6 +126,24 @@ class EnsembleState:
         per_sample = 2 * (n * c * d + 3 * n * d * d + 2 * n * n * d + n * d * d + d * c)
         return float(per_sample * n_samples * (self.epochs + 2) * (3 * 2 / 3 + 1 / 3))
 
+    # ---- one message: weights, fit count and the fit's figures ---------------------------
+    FIGURES = ("ensemble_heldout_loss", "mean_heldout_loss", "ensemble_epoch")
+
+    def pack(self, info: dict) -> torch.Tensor:
+        """[P + 1 + 3] float64: the weights, ``fits`` and the fit's figures (NaN if none)."""
+        tail = [float(self.fits)] + [float(info.get(k, float("nan"))) for k in self.FIGURES]
+        return torch.cat([torch.nn.utils.parameters_to_vector(self.model.parameters()).detach().double(),
+                          torch.tensor(tail, dtype=torch.float64)])
+
+    def unpack(self, vec: torch.Tensor) -> dict:
+        """Load :meth:`pack`'s message; returns the fit's figures (empty if it did not fit)."""
+        k = len(self.FIGURES)
+        with torch.no_grad():
+            torch.nn.utils.vector_to_parameters(vec[:-(k + 1)].float(), self.model.parameters())
+        self.fits = int(vec[-(k + 1)])
+        figures = {name: float(v) for name, v in zip(self.FIGURES, vec[-k:].tolist())}
+        return {} if any(v != v for v in figures.values()) else figures
+
     # ---- state -------------------------------------------------------------------------
     def state_dict(self) -> dict:
         return {"model": {k: v.clone() for k, v in self.model.state_dict().items()}, "fits": self.fits}
@@ -131,6 +151,20 @@ class EnsembleState:
     def load_state_dict(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])
         self.fits = int(state["fits"])
+
+
+@torch.no_grad()
+def _break_symmetry(model: HeterogeneousEnsemble, width: int, g: torch.Generator, scale: float = 0.01) -> None:
+    """Small seeded noise where the plain-mean start is a saddle: with queries and keys 0
+    their gradients are 0 too (attention would stay uniform for ever), and the columns
+    beyond the classes' ``width`` carry nothing and receive nothing."""
+    d = model.attn.embed_dim
+    w = model.attn.in_proj_weight  # [3d, d]: q, k, v
+    w[:2 * d] += scale * torch.randn(2 * d, d, generator=g)
+    for p in model.proj:
+        p.weight[width:] += scale * torch.randn(d - width, p.in_features, generator=g) if d > width else 0.0
+    if model.head is not None and d > width:
+        model.head.weight[:, width:] += scale * torch.randn(model.head.out_features, d - width, generator=g)
 
 
 def loo_novelty(ens: EnsembleState, probs: list) -> list[float]:
@@ -155,17 +189,28 @@ def from_scenario(sc, n_classes: int) -> EnsembleState:
                          seed=sc.seed)
 
 
-def fit_round(ens: EnsembleState, learner, flats: list, ids: list, excluded):
-    """Generator of ops: every agent's held-out outputs (one evaluation each, charged),
-    then the fit (charged :meth:`EnsembleState.fit_flops`). Returns the fit's metrics."""
-    probs = []
-    for j, flat in enumerate(flats):
-        if bool(excluded[j]):
-            probs.append(None)
-            continue
-        res = yield Compute(learner.evaluate_params, flat, ids[j], name="ensemble_outputs")
-        yield Compute(flops=float(res.get("flops", 0.0)), name="ensemble_outputs")
-        probs.append(res["probs"])
-    labels = learner.heldout_labels()
-    info = yield Compute(ens.fit, probs, labels, flops=ens.fit_flops(len(labels)), name="ensemble_fit")
-    return dict(info or {})
+def fitter_rank(roles: list) -> int:
+    """The rank that fits: the first validator (it scores every agent anyway), else rank 0."""
+    return next((i for i, r in enumerate(roles) if r == "validator"), 0)
+
+
+def fit_round(ens: EnsembleState, learner, flats: list, ids: list, excluded, rank: int, fitter: int):
+    """Generator of ops. Rank ``fitter`` evaluates every healthy agent on the held-out
+    split (charged) and fits (charged :meth:`EnsembleState.fit_flops`); a Broadcast hands
+    the weights and the fit's figures to every rank, so all hold the same ensemble and
+    the fit is paid once. Returns the fit's metrics."""
+    vec = ens.pack({})
+    if rank == fitter:
+        probs = []
+        for j, flat in enumerate(flats):
+            if bool(excluded[j]):
+                probs.append(None)
+                continue
+            res = yield Compute(learner.evaluate_params, flat, ids[j], name="ensemble_outputs")
+            yield Compute(flops=float(res.get("flops", 0.0)), name="ensemble_outputs")
+            probs.append(res["probs"])
+        labels = learner.heldout_labels()
+        info = yield Compute(ens.fit, probs, labels, flops=ens.fit_flops(len(labels)), name="ensemble_fit")
+        vec = ens.pack(info or {})
+    vec = yield Broadcast(vec.to(getattr(learner, "device", vec.device)), src=fitter, name="ensemble_broadcast")
+    return ens.unpack(vec.cpu())

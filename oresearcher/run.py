@@ -124,6 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=_pos_int, help="intra-op threads per rank (default 1, or OMP_NUM_THREADS)")
     p.add_argument("--learner", metavar="MODULE:FN",
                    help="build learners with FN(scenario, rank, mode=, device=) instead of the task registry")
+    p.add_argument("--export", metavar="DIR", help="after training and distillation (the scenario's "
+                   "distill.student), save the student as safetensors + JSON in DIR (oresearcher.export)")
     p.add_argument("--log-level", default=None, help="logging level (default INFO on rank 0, WARNING elsewhere)")
     return p
 
@@ -210,6 +212,9 @@ def main(argv=None) -> int:
     reason = backend_unavailable(args.backend)
     if reason:
         raise UserError(reason)
+    if args.export and (scenario.training.strategy != "oresearcher" or not scenario.distill.student):
+        raise UserError("--export needs a distillation phase: training.strategy=oresearcher and distill.student "
+                        "set in the scenario (e.g. scenarios/digits-hetero.yaml)")
     if args.resume and (done := rundir.finished(out)) is not None:
         if denv is None or denv.rank == 0:
             print(f"{out}: the run finished ({done.get('steps', '?')} steps); nothing to resume, "
@@ -218,7 +223,8 @@ def main(argv=None) -> int:
     threads = args.threads or int(os.environ.get("OMP_NUM_THREADS", "1") or 1)
     opts = RunOptions(backend=args.backend, out_dir=out, resume=bool(args.resume), timeout_s=args.timeout,
                       profile=args.profile, tensorboard=args.tensorboard, progress=args.progress,
-                      learner=args.learner, threads=threads, keep_checkpoints=args.keep_checkpoints)
+                      learner=args.learner, threads=threads, keep_checkpoints=args.keep_checkpoints,
+                      export=Path(args.export) if args.export else None)
     if denv is not None:
         return _join(scenario, opts, denv, args, diffs)
     return _launch(scenario, opts, args, diffs, argv)
@@ -328,6 +334,10 @@ def _outcome(result, out: Path, world: int) -> int:
         print_report(report, f"{report['scenario']['name']}: {report['scenario']['training']['strategy']}, "
                              f"{report['world_size']} ranks on {report['backend']}, {report['steps']} steps",
                      column="measured")
+        if "distill" in report:
+            from .distill import comparison_lines
+
+            print("\n".join(comparison_lines(report["distill"])))
         log.info("done; report: %s", out / "report.json")
         return 0
     if all(c == 2 for c in result.exit_codes):

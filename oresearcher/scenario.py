@@ -308,9 +308,9 @@ class EnsembleSpec(Strict):
                         "reward and the distillation teacher use it (false: the plain mean of the agents' "
                         "log-probabilities)")
     heads: Int = Field(8, ge=1, le=64, description="attention heads over the agent axis")
-    d_model: Int = Field(32, ge=1, le=4096, description="width the agents' outputs are projected to; a multiple "
+    d_model: Int = Field(16, ge=1, le=4096, description="width the agents' outputs are projected to; a multiple "
                          "of heads")
-    epochs: Int = Field(100, ge=1, le=100_000, description="full-batch AdamW steps per fit")
+    epochs: Int = Field(50, ge=1, le=100_000, description="full-batch AdamW steps per fit")
     lr: Float = Field(0.03, gt=0, le=10, description="AdamW learning rate of the fit")
 
     @model_validator(mode="after")

@@ -3,7 +3,7 @@
 Gradient sharing and parameter fusion stay inside an architecture group -- the
 simulator's and the reference interpreter's group is the op's ``group=``, the real
 backend's a process subgroup of the same ranks -- and a gloo run reproduces the
-reference interpreter.
+reference interpreter, distils one student over the 4 ranks and exports it.
 """
 import json
 import os
@@ -12,16 +12,20 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from oresearcher import ops as O
+from oresearcher.export import load_model
 from oresearcher.programs import AgentContext, get_program
 from oresearcher.scenario import load_scenario
 from oresearcher.tasks import make_learner
+from oresearcher.tasks.digits import load_splits
 from oresearcher.testing import run_programs, tap
 
 ROOT = Path(__file__).resolve().parents[1]
 HETERO = ROOT / "scenarios" / "digits-hetero.yaml"
 SMALL = ["training.steps=12", "communication.interval=6"]
+NO_DISTILL = ["distill.student=null"]
 
 
 def _run(sc, wrap=None):
@@ -35,7 +39,7 @@ def _run(sc, wrap=None):
 
 
 def test_sharing_and_fusion_stay_inside_architecture_groups():
-    sc = load_scenario(HETERO, SMALL)
+    sc = load_scenario(HETERO, SMALL + NO_DISTILL)
     seen = []
 
     def wrap(rank, gen):
@@ -55,19 +59,36 @@ def test_sharing_and_fusion_stay_inside_architecture_groups():
     assert all(0.0 <= per[-1].metrics["test_accuracy"] <= 1.0 for per in steps)
 
 
-def test_gloo_heterogeneous_matches_reference(tmp_path):
+def test_gloo_heterogeneous_distils_and_exports(tmp_path):
+    """One gloo run: architecture subgroups, the trained ensemble, distillation (the data
+    split over 4 ranks) and --export; it reproduces the reference interpreter."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
+    small = SMALL + ["distill.steps=20", "cooperation.ensemble.epochs=5"]
     cmd = [sys.executable, "-m", "oresearcher.run", "--backend=gloo", "--scenario", str(HETERO), "--steps=12",
-           "--communication_interval=6", "--out", str(tmp_path / "run"), "--no-tensorboard", "--no-progress",
-           "--timeout=60"]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=200)
+           "--communication_interval=6", "--set", "distill.steps=20", "--set", "cooperation.ensemble.epochs=5",
+           "--out", str(tmp_path / "run"), "--export", str(tmp_path / "model"), "--no-tensorboard",
+           "--no-progress", "--timeout=60"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "student mlp (distilled)" in proc.stdout and "alone, same compute" in proc.stdout
     report = json.loads((tmp_path / "run" / "report.json").read_text())
     names = {b["name"] for b in report["breakdown"]}
-    assert "grad_share" in names  # the Transformers' subgroup (ranks 0 and 1) really shared
-    ref, _ = _run(load_scenario(HETERO, SMALL))
+    assert {"grad_share", "ensemble_broadcast", "distill_grad"} <= names  # subgroup sharing really happened
+    ref, learners = _run(load_scenario(HETERO, small))
+    training = [[m for m in report["metrics"][str(r)] if "phase_distill" not in m] for r in range(4)]
     for r in range(4):
-        last = report["metrics"][str(r)][-1]
-        assert last["role"] == ref[r][-1].metrics["role"]
         # two-member sums are exact in any order: gloo reproduces the reference up to rounding
-        assert last["test_accuracy"] == pytest.approx(ref[r][-1].metrics["test_accuracy"], abs=0.02)
+        want = [s.metrics for s in ref[r] if "phase_distill" not in s.metrics][-1]
+        assert training[r][-1]["role"] == want["role"]
+        assert training[r][-1]["test_accuracy"] == pytest.approx(want["test_accuracy"], abs=0.02)
+    section = report["distill"]
+    ref_m = ref[0][-1].metrics
+    for k in ("student_test_accuracy", "ensemble_test_accuracy", "best_agent_test_accuracy"):
+        assert section[k] == pytest.approx(ref_m[k], abs=0.03), k
+    assert section["alone_steps"] >= 1 and 0 <= section["alone_test_accuracy"] <= 1
+    # the export: loads with the one function, and reproduces the student's figure exactly
+    model, meta = load_model(tmp_path / "model")
+    X, y = load_splits()["test"]
+    with torch.no_grad():
+        acc = float((model(X).argmax(-1) == y).float().mean())
+    assert acc == section["student_test_accuracy"] and meta["architecture"] == "mlp"

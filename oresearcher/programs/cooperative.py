@@ -416,7 +416,8 @@ def _round_end(ctx, learner, st, alloc, outer, swa, ids, pad_to, losses, progres
     if outer is not None:
         outer.set_anchor(new)
     if "ensemble" in ctx.state:  # the outputs' attention ensemble, refitted on the agents of this round
-        info.update((yield from E.fit_round(ctx.state["ensemble"], learner, flats, ids, pub.excluded)))
+        info.update((yield from E.fit_round(ctx.state["ensemble"], learner, flats, ids, pub.excluded, rank,
+                                            E.fitter_rank(st.roles))))
     costs = [step_cost(r, cfg.roles.optimizer_method) for r in st.roles]
     steps, shares = alloc.plan(st.rewards[-1], units, costs) if units else ([1] * n, torch.full((n,), 1.0 / n))
     info.update(reward=float(rew[rank]), reliability=float(rel[rank]), excluded=float(pub.excluded[rank]),
@@ -481,7 +482,8 @@ def _final(ctx, learner, st, ids, pad_to, losses):
         "ids": list(ids), "flats": flats,  # the final agents: the distillation teacher's members
     }
     if "ensemble" in ctx.state:  # the teacher: fitted on the final agents
-        out_ens = yield from E.fit_round(ctx.state["ensemble"], learner, flats, ids, pub.excluded)
+        out_ens = yield from E.fit_round(ctx.state["ensemble"], learner, flats, ids, pub.excluded, ctx.rank,
+                                         E.fitter_rank(st.roles))
         learner.cooperative_result["ensemble_fit"] = out_ens
     out = {"final_reliability": float(rel[ctx.rank]), "final_excluded": float(pub.excluded[ctx.rank])}
     out.update((yield Compute(learner.evaluate, name="evaluate")))

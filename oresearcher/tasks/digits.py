@@ -72,6 +72,10 @@ def build_model(name: str) -> nn.Module:
 
 
 MODELS = ("mlp", "mlp-wide", "cnn", "transformer", "lstm")
+# how raw inputs become model inputs (written into an exported model's JSON, oresearcher.export)
+PREPROCESSING = {"input": "an 8x8 grey image as sklearn.datasets.load_digits gives it (values 0-16), "
+                          "flattened row-major to 64 values", "scale": "divide by 16 (to [0, 1])",
+                 "dtype": "float32", "shape": [64], "output": "logits of the digits 0-9"}
 
 
 class RowTransformer(nn.Module):
