@@ -7,7 +7,9 @@
 It starts the scenario's ranks (or joins torchrun's), times collectives over a size
 sweep and a few steps of the scenario's own program with all ranks busy at once, and
 writes two profiles (YAML documents; default ``runs/<scenario name>/profile.yaml``): a ``device`` (achieved FLOP/s per rank, host
-overhead per op) and a ``fabric`` (latencies and bandwidth). Use them from a scenario
+overhead per op) and a ``fabric`` (latencies and bandwidth); for language-model
+scenarios a third, ``<device>-roofline``, holds the roofline model's measured rates
+(matmul, attention, memory bandwidth, launch cost; ``sim/roofline.py``). Use them from a scenario
 with::
 
     cluster:
@@ -347,8 +349,28 @@ def profile_text(device: dict, fabric: dict, m: dict, errors: list[dict]) -> str
         kind = e["kind"] + ("**" if e.get("in_run") else "*" if e.get("workload") else "")
         lines.append(f"#   {kind:<10} {e['bytes']:>10} {e['time_s'] / US:>11.1f} {e['predicted_s'] / US:>11.1f} "
                      f"{e['error']:+7.1%}")
-    body = yaml.safe_dump_all([device, fabric], sort_keys=False, explicit_start=False)
+    docs = [device, fabric]
+    if m.get("roofline"):
+        docs.append(roofline_doc(device, m["roofline"]))
+        lines.append(f"# roofline ({device['name']}-roofline, sim/roofline.py): rates measured on rank 0 after the "
+                     "sweep at the workload's shapes (backends/device_rates.py)")
+    body = yaml.safe_dump_all(docs, sort_keys=False, explicit_start=False)
     return "\n".join(lines) + "\n" + body
+
+
+def roofline_doc(device: dict, rates: dict) -> dict:
+    """A second device profile, ``<name>-roofline``: the roofline model with this host's
+    measured matmul rate (as its peak), attention rate, memory bandwidth and launch cost.
+    The flat profile stays the default: its rate is fitted to the calibrated program
+    itself; the roofline one predicts other models and batch sizes from first principles."""
+    from oresearcher.backends.device_rates import profile_fields
+
+    rate = rates["matmul_flops"]
+    return {"kind": "device", "name": device["name"] + "-roofline",
+            "peak_flops": {"fp32": rate, "bf16": rate, "fp16": rate}, "efficiency": 1.0,
+            "memory_bytes": device["memory_bytes"], "host_overhead_us": device["host_overhead_us"],
+            "compute_model": "roofline", "foreach_optimizer": rates.get("foreach_optimizer", False),
+            **profile_fields(rates)}
 
 
 def default_sizes(max_bytes: int) -> list[int]:
@@ -433,6 +455,20 @@ def write_profile(path: Path, m: dict, device_name: str, fabric_name: str, jitte
     return fit
 
 
+def roofline_rates(scenario, backend: str):
+    """This device's roofline rates at the scenario's model shapes (language-model
+    presets only; None otherwise)."""
+    w = scenario.workload
+    if w.task != "synthetic-lm":
+        return None
+    from oresearcher.backends.device_rates import measure_rates
+    from oresearcher.tasks.synthetic_lm import micro_batch
+
+    device = "cuda" if backend == "nccl" else "cpu"
+    return {**measure_rates(w.model, micro_batch(scenario), w.seq_len, w.dtype, device),
+            "foreach_optimizer": device == "cuda"}
+
+
 def main(argv=None) -> int:
     from oresearcher.backends import launcher
     from oresearcher.backends.worker import backend_unavailable
@@ -461,6 +497,7 @@ def main(argv=None) -> int:
                        threads=int(os.environ.get("OMP_NUM_THREADS", "1") or 1))
     if m is not None:
         m["sync_period"] = sync_period(scenario)
+        m["roofline"] = roofline_rates(scenario, args.backend)
         out = Path(args.out or Path("runs") / scenario.name / "profile.yaml")
         fit = write_profile(out, m, args.device_name, args.fabric_name, args.jitter, args.in_run)
         log.info("wrote %s: %.3g GFLOP/s per rank; %.2f GB/s, base %.0f us, hop %.0f us, call %.0f us",

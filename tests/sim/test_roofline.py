@@ -114,3 +114,18 @@ def test_cpu_roofline_predicts_a_measured_step():
     for model, mb, t in CASES:
         r = check(model, mb, t, rounds=5)
         assert abs(r["error"]) < 0.35, (model, r)
+
+
+def test_calibrate_writes_a_loadable_roofline_profile():
+    from oresearcher.calibrate import roofline_doc
+    from oresearcher.sim.hardware import _parse
+
+    flat = {"kind": "device", "name": "cpu-calibrated", "peak_flops": {"fp32": 2e10}, "efficiency": 1.0,
+            "memory_bytes": 8e9, "host_overhead_us": 4.0}
+    rates = {"matmul_flops": 4e10, "attention_flops": 1e10, "memory_bandwidth_Bps": 5e9, "launch_s": 2e-5}
+    prof = _parse(roofline_doc(flat, rates), "test")
+    assert prof.name == "cpu-calibrated-roofline" and prof.compute_model == "roofline"
+    roof = Roofline.from_profile(prof, "fp32")
+    assert (roof.matmul_flops, roof.attention_flops, roof.bandwidth, roof.launch_s) == pytest.approx(
+        (4e10, 1e10, 5e9, 2e-5))
+    assert not prof.foreach_optimizer  # a CPU's AdamW loops over tensors
