@@ -27,6 +27,7 @@ from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr
 
 from . import yamlsafe
 from .errors import UserError, short
+from .fault_spec import FaultsSpec
 
 MB = 10**6
 MAX_WORLD = 16384  # ranks (nodes x gpus_per_node, agents): the largest clusters trained on today
@@ -399,6 +400,7 @@ class Scenario(Strict):
     simulation: SimulationSpec = Field(default_factory=SimulationSpec)
     cooperation: CooperationSpec = Field(default_factory=CooperationSpec)
     fsdp: FsdpSpec = Field(default_factory=FsdpSpec)
+    faults: FaultsSpec = Field(default_factory=FaultsSpec, description="simulated faults (oresearcher.fault_spec)")
     distill: DistillSpec = Field(default_factory=DistillSpec)
     finance: FinanceSpec = Field(default_factory=FinanceSpec)
     _source: Optional[Path] = PrivateAttr(None)
@@ -430,6 +432,11 @@ class Scenario(Strict):
         if bad:
             raise ValueError(f"agents.architectures: unknown model {short(bad[0])} for task "
                              f"{self.workload.task}; known: {', '.join(known)}")
+        return self
+
+    @model_validator(mode="after")
+    def _faults_fit(self):
+        self.faults.check(self.world_size, self.training.strategy)
         return self
 
     @model_validator(mode="after")

@@ -21,9 +21,14 @@ def to_chrome_trace(tl: Timeline, name: str = "oresearcher") -> dict:
         for cat, k in _TRACKS.items():
             events.append({"ph": "M", "pid": 0, "tid": r * _PER_RANK + k, "name": "thread_name",
                            "args": {"name": f"rank {r} {cat}"}})
+    faults = tl.world_size * _PER_RANK  # faults and checkpoints (sim/faults.py): one track per rank after the rest
+    if any(s.cat == "fault" for s in tl.spans):
+        events += [{"ph": "M", "pid": 0, "tid": faults + r, "name": "thread_name",
+                    "args": {"name": f"rank {r} faults"}} for r in range(tl.world_size)]
     for s in tl.spans:
+        tid = faults + s.rank if s.cat == "fault" else s.rank * _PER_RANK + _TRACKS[s.cat]
         events.append({
-            "ph": "X", "pid": 0, "tid": s.rank * _PER_RANK + _TRACKS[s.cat], "name": s.name, "cat": s.cat,
+            "ph": "X", "pid": 0, "tid": tid, "name": s.name, "cat": s.cat,
             "ts": s.start * 1e6, "dur": max(s.end - s.start, 0.0) * 1e6,
             "args": {"wire_bytes": s.wire_bytes, **s.args} if s.cat == "comm" else dict(s.args),
         })

@@ -83,6 +83,7 @@ class Engine:
         self._plans = {}
         self.on_step = None  # callback(rank, step) for progress bars
         self.ops_done = 0  # ops interpreted, for events-per-second figures
+        self.faults = None  # a sim/faults.py FaultPlan: stragglers, link windows, checkpoints, failures
 
     # -- public -----------------------------------------------------------------
     def run(self, programs) -> Timeline:
@@ -105,6 +106,7 @@ class Engine:
         rho = self.rho if rng is not None else 0.0
         z = sigma * rng.standard_normal() if rho > 0 else 0.0  # sigma * the AR(1) state
         step_factor = math.exp(mu + z)
+        slow = self.faults.compute_factor(rank) if self.faults is not None else 1.0
         Compute, Collective = O.Compute, O.Collective
         # Compute only touches this rank, so its time is owed lazily: consecutive Computes
         # cost one SimPy event, paid before the rank next meets others (exactly the same
@@ -129,6 +131,8 @@ class Engine:
                     dur *= step_factor
                 elif rng is not None:
                     dur *= float(rng.lognormal(mu, sigma))
+                if slow != 1.0:
+                    dur *= slow
                 start = env.now + owed
                 owed += dur
                 tl.record(rank, "compute", op.name, start, start + dur)
@@ -158,6 +162,8 @@ class Engine:
                 tl.step_done(rank, op.step, env.now, op.metrics)
                 if self.on_step is not None:
                     self.on_step(rank, op.step)
+                if self.faults is not None:
+                    yield from self.faults.after_step(env, tl, rank, op.step)
             else:
                 raise TypeError(f"rank {rank} yielded {op!r}, which is not an op")
 
@@ -242,7 +248,7 @@ class Engine:
             if latency:
                 yield env.timeout(latency)
             if routes:
-                yield self.net.start(routes, nbytes)
+                yield self.net.start(routes, nbytes if self.faults is None else self.faults.flow_bytes(env.now, nbytes))
         if env.now - start < pl.floor:  # the host had not enqueued the next call yet
             yield env.timeout(pl.floor - (env.now - start))
         algo = pl.label

@@ -43,6 +43,10 @@ class DeviceProfile(_Strict):
     # of the step shares it, so compute_jitter_cv is then the spread of a step) and its
     # logarithm follows an AR(1) over steps with this lag-1 correlation.
     compute_jitter_rho: float = Field(0.0, ge=0, lt=1, description="step-to-step correlation of a rank's slowness")
+    # Checkpoints (sim/faults.py): a rank writes its state at this rate and a restarted rank
+    # reads it back at it. 2 GB/s per GPU is an assumption (a node's NVMe or parallel file
+    # system shared by 8 GPUs), not a measurement; a profile states its own.
+    storage_bandwidth_GBps: float = Field(2.0, gt=0, le=1e4, description="checkpoint write/read bandwidth per rank, GB/s")
     # The roofline model (sim/roofline.py): each traced kernel costs max(FLOPs / achievable
     # rate, bytes / memory bandwidth) + launches. "flat" (the default) keeps FLOPs /
     # (peak x efficiency) + host overhead per Compute op; profiles without these fields are flat.

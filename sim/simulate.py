@@ -17,6 +17,7 @@ from oresearcher.scenario import Scenario, scenario_dir
 from oresearcher.tasks import make_learner
 
 from .engine import Engine
+from .faults import fault_plan, fault_report
 from .hardware import catalogue, lookup
 from .topology import build_topology
 
@@ -126,6 +127,7 @@ def simulate(scenario: Scenario, *, mode: str | None = None, on_step=None, keep_
     engine = Engine(topo, device, scenario.workload.dtype, scenario.communication.algorithm,
                     Timeline(n, keep_spans=keep_spans), seed=scenario.seed, pricing=compute_pricing(scenario, device))
     engine.on_step = on_step
+    engine.faults = fault_plan(scenario, device, ctxs, learners[0], lambda: memory_report(scenario, device))
     tl = engine.run([program(c, l) for c, l in zip(ctxs, learners)])
     extra = {
         "mode": mode,
@@ -134,5 +136,7 @@ def simulate(scenario: Scenario, *, mode: str | None = None, on_step=None, keep_
         "ops_interpreted": engine.ops_done,
         "memory": memory_report(scenario, device),
     }
+    if engine.faults is not None:  # time lost per fault, work recomputed, goodput (sim/faults.py)
+        extra["faults"] = fault_report(scenario, engine.faults, tl, mode)
     report = summarize(tl, scenario.resolved(), backend="sim", extra=extra)
     return report, tl
