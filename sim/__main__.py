@@ -80,6 +80,10 @@ def cmd_simulate(args) -> int:
     out = Path(args.out or f"runs/{scenario.name}")
     print_report(report, f"{scenario.name}: {scenario.training.strategy}, {report['world_size']} ranks, "
                          f"{report['mode']} mode, {report['steps']} steps")
+    if report.get("faults"):
+        from .faults import faults_table
+
+        console.print(faults_table(report["faults"]))
     write_json(out / "report.json", report)
     write_trace(tl, out / "trace.json", scenario.name)
     what = f"{scenario.name} ({report['world_size']} ranks, simulated)"

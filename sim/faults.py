@@ -338,3 +338,33 @@ def fault_report(scenario, plan: FaultPlan, tl, mode: str) -> dict | None:
         out["mtbf_s"] = spec.mtbf_s
         out["young_daly_interval_s"] = young_daly(plan.checkpoint_s, spec.mtbf_s)
     return out
+
+
+def faults_table(f: dict):
+    """The report's faults section as a console table (sim CLI)."""
+    from rich.table import Table
+
+    t = Table(title="faults", header_style="bold")
+    for col in ("fault", "time lost", "recomputed"):
+        t.add_column(col, justify="left" if col == "fault" else "right")
+    c = f["checkpoints"]
+    t.add_row(f"{c['count']} checkpoints ({c['bytes_per_rank'] / GB:,.1f} GB at {c['storage_bandwidth_GBps']:g} "
+              f"GB/s: {c['seconds_each']:,.2f} s each)", f"{c['time_lost_s']:,.2f} s", "")
+    slow = [x for x in f["stragglers"]["factors"] if x != 1.0]
+    if slow:
+        t.add_row(f"stragglers ({len(slow)} ranks, up to x{max(slow):.2f})", f"{f['stragglers']['time_lost_s']:,.2f} s", "")
+    for w in f["links"]["windows"]:
+        t.add_row(f"link bandwidth x{w['bandwidth_factor']:g} from {w['start_s']:g} s for {w['duration_s']:g} s", "", "")
+    if f["links"]["windows"]:
+        t.add_row("  link windows together", f"{f['links']['time_lost_s']:,.2f} s", "")
+    for x in f["failures"]:
+        what = (f"rank {x['rank']} lost at {x['at_s']:,.1f} s: restart (delay {x['restart_s']:g} s, restore "
+                f"{x['restore_s']:,.2f} s)" if x["action"] == "restart" else
+                f"rank {x['rank']} lost at {x['at_s']:,.1f} s: the others continue")
+        t.add_row(what, f"{x['time_lost_s']:,.2f} s",
+                  f"{x['recomputed_s']:,.2f} s ({x.get('steps_recomputed', 0)} steps)" if x["action"] == "restart" else "")
+    t.add_row("total (fault-free -> with faults)", f"{f['time_fault_free_s']:,.1f} s -> {f['time_total_s']:,.1f} s",
+              f"{f['work_recomputed_s']:,.2f} s")
+    t.caption = f"goodput {f['goodput']:.1%}" + (
+        f"; Young/Daly interval sqrt(2 C MTBF) = {f['young_daly_interval_s']:,.0f} s" if "young_daly_interval_s" in f else "")
+    return t

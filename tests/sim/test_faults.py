@@ -169,3 +169,9 @@ def test_simulate_reports_time_lost_per_fault_and_the_trace_shows_them():
     names = {e["name"] for e in to_chrome_trace(tl)["traceEvents"] if e.get("cat") == "fault"}
     assert {"checkpoint", "straggler x1.50", "link bandwidth x0.1", "restart: rank 2 lost at 6.0 s"} <= names
     json.dumps(report)
+    from rich.console import Console
+
+    con = Console(record=True, width=120)
+    con.print(F.faults_table(f))
+    text = con.export_text()
+    assert "rank 2 lost at 6.0 s: restart (delay 60 s" in text and f"goodput {f['goodput']:.1%}" in text
