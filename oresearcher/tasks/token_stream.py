@@ -131,6 +131,8 @@ class Prefetcher:
 
     def _run(self) -> None:
         cuda = self.device.type == "cuda"
+        if cuda and self.device.index is not None:
+            torch.cuda.set_device(self.device)  # a new thread starts on device 0
         side = torch.cuda.Stream(self.device) if cuda else None
         try:
             while not self._halt.is_set():
