@@ -208,6 +208,8 @@ def main(argv=None) -> int:
     except ValueError as e:
         raise UserError(str(e)) from None
     setup_logging(args.log_level, denv.rank if denv else None)
+    if denv is not None and denv.restart and not args.resume:
+        _restarted(args)
     scenario, out, diffs = load(args)
     reason = backend_unavailable(args.backend)
     if reason:
@@ -228,6 +230,24 @@ def main(argv=None) -> int:
     if denv is not None:
         return _join(scenario, opts, denv, args, diffs)
     return _launch(scenario, opts, args, diffs, argv)
+
+
+def _restarted(args) -> None:
+    """A torchrun restart (``--max-restarts``; TORCHELASTIC_RESTART_COUNT > 0) runs the
+    same command again: it continues the run from its newest checkpoint every rank holds,
+    as ``--resume`` would; with none, it starts the run again over the failed attempt's
+    directory (it is this run's own)."""
+    from oresearcher.backends import checkpoint
+
+    scenario, out, _ = load(args)
+    if (out / SAVED_SCENARIO).is_file() and checkpoint.newest_complete(out, scenario.world_size) is not None:
+        log.warning("torchrun restart %s: resuming %s from its newest complete checkpoint",
+                    os.environ.get("TORCHELASTIC_RESTART_COUNT"), out)
+        args.resume, args.out = str(out), None
+    else:
+        log.warning("torchrun restart %s: no complete checkpoint in %s; starting again",
+                    os.environ.get("TORCHELASTIC_RESTART_COUNT"), out)
+        args.overwrite = True
 
 
 def _note_overrides(diffs) -> None:

@@ -6,6 +6,7 @@ forward/backward call number POISON_STEP (0-based) are NaN.
 from __future__ import annotations
 
 import os
+import signal
 
 import torch
 
@@ -27,4 +28,25 @@ def make_nan_learner(scenario, rank, *, mode="real", device="cpu"):
         return metrics
 
     learner.forward_backward = poisoned
+    return learner
+
+
+def make_dying_learner(scenario, rank, *, mode="real", device="cpu"):
+    """The task's learner whose rank DIE_RANK is killed (SIGKILL) at forward/backward call
+    DIE_STEP, on the first attempt only (TORCHELASTIC_RESTART_COUNT 0): a lost GPU under
+    torchrun --max-restarts."""
+    from oresearcher.tasks import make_learner as task_learner  # its data stream resumes exactly
+
+    learner = task_learner(scenario, rank, mode=mode, device=device)
+    if rank != int(os.environ.get("DIE_RANK", "1")) or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+        return learner
+    at, calls, fb = int(os.environ.get("DIE_STEP", "7")), [0], learner.forward_backward
+
+    def dying():
+        if calls[0] == at:
+            os.kill(os.getpid(), signal.SIGKILL)
+        calls[0] += 1
+        return fb()
+
+    learner.forward_backward = dying
     return learner
