@@ -137,7 +137,7 @@ def estimate_memory(cost: LMCost, *, micro_batch: Optional[int] = None,
                 steps.append(f"reduce micro batch from {mb} to {m}")
             advice = f"{' and '.join(steps)} (then {format_bytes(trial.total)} {of})"
             return _with(est, advice, m, c)
-    advice = (f"needs model sharding (ZeRO/FSDP): the weights+grads+optimizer state "
+    advice = (f"needs model sharding (training.strategy: fsdp): the weights+grads+optimizer state "
               f"alone need {format_bytes(est.model_states)} {of}")
     if est.model_states <= device_memory_bytes:
         least = _estimate(cost, 1, *args, True, *tail)

@@ -69,7 +69,7 @@ def test_advice_names_first_fix_and_it_fits(ckpt, device, advice, fix):
 
 def test_advice_sharding_when_states_alone_do_not_fit():
     est = estimate_memory(hand_cost(), micro_batch=2, device_memory_bytes=15 * GB)
-    assert est.advice == ("needs model sharding (ZeRO/FSDP): the weights+grads+optimizer "
+    assert est.advice == ("needs model sharding (training.strategy: fsdp): the weights+grads+optimizer "
                           "state alone need 16.0 GB of 15.0 GB")
     assert est.fix_micro_batch is None and est.fix_checkpointing is None
 
