@@ -56,7 +56,8 @@ def main() -> None:
             pred, got = predicted(args.scenario, world, reshard), [h[reshard] for h in held]
             med = statistics.median(got)
             worst = max((pred / g - 1 for g in got), key=abs)
-            print(f"{label:8} {world:5d} {pred / 1e6:8.2f} MB {med / 1e6:10.2f} MB ({min(got) / 1e6:.2f}-{max(got) / 1e6:.2f}) "
+            spread = f"({min(got) / 1e6:.2f}-{max(got) / 1e6:.2f})"
+            print(f"{label:8} {world:5d} {pred / 1e6:8.2f} MB {med / 1e6:10.2f} MB {spread} "
                   f"{pred / med - 1:+7.1%} {worst:+7.1%}")
 
 
