@@ -15,7 +15,8 @@ Also: a priority update of 256 slots, and a sharing round's insert of 256 rows.
 ``--cartpole N`` also trains ``scenarios/cartpole-4.yaml`` (4 DQN agents, 1,200 steps) on
 seeds 100..100+N-1 with each agent's own buffer, with the shared pool and Ape-X epsilons
 by role, and with the shared pool and the task's decaying epsilon, in the reference
-interpreter, and prints the agents' mean test return.
+interpreter, and prints the agents' mean test return. ``--digits N`` does the same for
+``scenarios/digits-4.yaml`` (200 steps) without and with the shared hard-example pool.
 """
 from __future__ import annotations
 
@@ -39,26 +40,25 @@ def median_us(fn, repeats: int) -> float:
     return statistics.median(times) * 1e6
 
 
-def cartpole(seeds: int) -> None:
+def compare(scenario: str, metric: str, configs, seeds: int) -> None:
+    """Mean final ``metric`` of the agents per config, over seeds 100.. (reference interpreter)."""
     from oresearcher.programs import AgentContext, get_program
     from oresearcher.scenario import load_scenario
     from oresearcher.tasks import make_learner
     from oresearcher.testing import run_programs
 
-    print(f"\ncartpole-4, mean test return of the 4 agents (max 500), seeds 100-{99 + seeds}")
-    on = ["cooperation.replay.enabled=true"]
-    for label, sets in (("own buffers", []), ("shared, Ape-X", on),
-                        ("shared, decay", on + ["cooperation.replay.apex_epsilon=false"])):
+    places = 1 if metric == "test_return" else 3
+    for label, sets in configs:
         means = []
         for seed in range(100, 100 + seeds):
-            sc = load_scenario("scenarios/cartpole-4.yaml", sets + [f"seed={seed}"])
-            learners = [make_learner(sc, r, mode="numeric") for r in range(4)]
-            steps = run_programs([get_program("oresearcher")(AgentContext(r, 4, sc, mode="numeric"), l)
+            sc = load_scenario(scenario, sets + [f"seed={seed}"])
+            learners = [make_learner(sc, r, mode="numeric") for r in range(sc.world_size)]
+            steps = run_programs([get_program("oresearcher")(AgentContext(r, sc.world_size, sc, mode="numeric"), l)
                                   for r, l in enumerate(learners)])
-            means.append(statistics.mean(s[-1].metrics["test_return"] for s in steps))
+            means.append(statistics.mean(s[-1].metrics[metric] for s in steps))
         sd = statistics.stdev(means) if len(means) > 1 else 0.0
-        print(f"{label:<14}{statistics.mean(means):>8.1f} +- {sd:.1f}   " + " ".join(f"{m:.1f}" for m in means),
-              flush=True)
+        print(f"{label:<14}{statistics.mean(means):>8.{places}f} +- {sd:.{places}f}   "
+              + " ".join(f"{m:.{places}f}" for m in means), flush=True)
 
 
 def main() -> None:
@@ -67,6 +67,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=256, help="batch size (default 256)")
     ap.add_argument("--repeats", type=int, default=200, help="timed calls per case (default 200)")
     ap.add_argument("--cartpole", type=int, default=0, metavar="N", help="also train CartPole on N seeds (default 0)")
+    ap.add_argument("--digits", type=int, default=0, metavar="N", help="also train digits on N seeds (default 0)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     n, k = args.pool, args.batch
@@ -97,8 +98,15 @@ def main() -> None:
     print(f"{'update_priorities (k slots)':<44}{upd:>12,.1f}")
     print(f"{'add (k rows, FIFO eviction)':<44}{ins:>12,.1f}")
     print(f"ratio np.random.choice / sample: {ref / ours:.1f}x (target >= 50x)")
+    on = ["cooperation.replay.enabled=true"]
     if args.cartpole:
-        cartpole(args.cartpole)
+        print(f"\ncartpole-4, mean test return of the 4 agents (max 500), seeds 100-{99 + args.cartpole}")
+        compare("scenarios/cartpole-4.yaml", "test_return", (
+            ("own buffers", []), ("shared, Ape-X", on),
+            ("shared, decay", on + ["cooperation.replay.apex_epsilon=false"])), args.cartpole)
+    if args.digits:
+        print(f"\ndigits-4, mean test accuracy of the 4 agents, seeds 100-{99 + args.digits}")
+        compare("scenarios/digits-4.yaml", "test_accuracy", (("no pool", []), ("hard examples", on)), args.digits)
 
 
 if __name__ == "__main__":

@@ -108,7 +108,7 @@ class PrioritizedReplay:
 
     def add(self, batch: dict, priorities=None) -> np.ndarray:
         """Insert rows (dict of [k, ...] tensors, the same columns every time); new rows get
-        ``priorities`` (raw) or the largest priority so far. Returns their slots."""
+        ``priorities`` (raw; NaN or None: the largest priority so far). Returns their slots."""
         k = len(next(iter(batch.values())))
         if k == 0:
             return np.zeros(0, dtype=np.int64)
@@ -125,10 +125,11 @@ class PrioritizedReplay:
         self.stats["inserted"] += k
         self.pos = int((self.pos + k - start) % self.capacity)
         self.size = min(self.capacity, self.size + k - start)
-        if priorities is None:
-            stored = np.full(len(slots), self.max_priority ** self.alpha)
-        else:
-            stored = self._stored(np.asarray(priorities, dtype=np.float64)[start:])
+        raw = np.full(k, np.nan) if priorities is None else np.asarray(priorities, dtype=np.float64)
+        new = np.isnan(raw[start:])
+        stored = np.full(len(slots), self.max_priority ** self.alpha)  # before the given ones count
+        if not new.all():
+            stored[~new] = self._stored(raw[start:][~new])
         self.sums.set(slots, stored)
         self.mins.set(slots, stored)
         return slots

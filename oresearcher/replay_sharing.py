@@ -11,7 +11,7 @@ The price is memory: n replicas (small for RL transitions).
 
 A round (:func:`share`): each agent packs its pending priority updates and, up to its
 *quota*, its newest pending rows into one float64 message of fixed size
-``[n_rows, n_updates, quota x row width, update_cap x (slot, priority)]`` (padded, so
+``[n_rows, n_updates, quota x (row, priority), update_cap x (slot, priority)]`` (padded, so
 shapes match as the collective requires); rows beyond the quota are dropped and counted,
 so one agent cannot flood the pool. Every rank then applies all priority updates in rank
 order (they name slots of the pool as it was when they were sampled), then all rows in
@@ -23,6 +23,12 @@ Ape-X (Horgan et al., "Distributed Prioritized Experience Replay", ICLR 2018): a
 N explores with epsilon_i = base^(1 + alpha i / (N - 1)), base 0.4, alpha 7;
 :func:`apex_epsilons` orders agents by role (explorers first, then optimizers, then
 validators), so explorers take the largest epsilons.
+
+Supervised tasks use the pool as a shared hard-example pool (:class:`HardExamples`): a
+fraction of every batch is drawn from it, every sample's loss is its priority (fresh
+samples join at their loss, replayed ones get their new loss). As in online hard example
+mining (Shrivastava et al., CVPR 2016) the bias toward hard examples is the point, so no
+importance weights are applied there.
 """
 from __future__ import annotations
 
@@ -36,6 +42,7 @@ from .replay import PrioritizedReplay
 
 ROLE_ORDER = ("explorer", "optimizer", "validator")
 ID_STRIDE = 2**40  # row id = rank * ID_STRIDE + the agent's own counter (exact in float64)
+PRIORITY = "_priority"  # a pending row's raw priority; travels in the message, not stored as a column
 
 
 def apex_epsilons(roles: list, base: float = 0.4, alpha: float = 7.0) -> list[float]:
@@ -65,18 +72,22 @@ class SharedReplay:
 
     @property
     def row_width(self) -> int:
-        return sum(self.widths)
+        """float64 values per row in a message: the columns, then its raw priority (NaN: max)."""
+        return sum(self.widths) + 1
 
     @property
     def message_numel(self) -> int:
         return 2 + self.quota * self.row_width + 2 * self.update_cap
 
-    def insert(self, rows: dict) -> None:
-        """Queue rows ({column: [k, ...]}) for the next round; each gets a unique id."""
+    def insert(self, rows: dict, priorities=None) -> None:
+        """Queue rows ({column: [k, ...]}) for the next round, with raw priorities (None: the
+        pool's largest at insertion); each gets a unique id."""
         k = len(next(iter(rows.values())))
         ids = self.rank * ID_STRIDE + self.counter + torch.arange(k, dtype=torch.int64)
         self.counter += k
-        self.pending.append({**rows, "id": ids})
+        pri = torch.full((k,), float("nan"), dtype=torch.float64) if priorities is None else \
+            torch.as_tensor(priorities, dtype=torch.float64).reshape(k)
+        self.pending.append({**rows, "id": ids, PRIORITY: pri})
 
     def update(self, slots, raw) -> None:
         """New raw priorities for slots this agent sampled: at once here, for all at the round."""
@@ -87,12 +98,13 @@ class SharedReplay:
     def pack(self) -> torch.Tensor:
         """This round's message (float64, ``message_numel``); empties the pending queues."""
         msg = torch.zeros(self.message_numel, dtype=torch.float64)
-        rows = _concat(self.pending, self.names)
+        rows = _concat(self.pending, self.names + [PRIORITY])
         n_rows = len(rows[self.names[0]]) if rows else 0
         keep = min(n_rows, self.quota)
         self.dropped += n_rows - keep
         if keep:
-            flat = torch.cat([rows[k][n_rows - keep:].reshape(keep, -1).to(torch.float64) for k in self.names], 1)
+            flat = torch.cat([rows[k][n_rows - keep:].reshape(keep, -1).to(torch.float64)
+                              for k in self.names + [PRIORITY]], 1)
             msg[2:2 + keep * self.row_width] = flat.reshape(-1)
         slots = np.concatenate([s for s, _ in self.updates]) if self.updates else np.zeros(0, np.int64)
         raw = np.concatenate([r for _, r in self.updates]) if self.updates else np.zeros(0)
@@ -115,7 +127,8 @@ class SharedReplay:
         for m in messages:
             n = int(m[0])
             if n:
-                self.pool.add(self._unpack_rows(m[2:2 + n * self.row_width].reshape(n, self.row_width).cpu()))
+                flat = m[2:2 + n * self.row_width].reshape(n, self.row_width).cpu()
+                self.pool.add(self._unpack_rows(flat), priorities=flat[:, -1].numpy())
 
     def _unpack_rows(self, flat: torch.Tensor) -> dict:
         out, c = {}, 0
@@ -136,6 +149,46 @@ class SharedReplay:
         self.updates_dropped = int(state["updates_dropped"])
         self.pending = [dict(p) for p in state["pending"]]
         self.updates = [(s.numpy(), r.numpy()) for s, r in state["updates"]]
+
+
+class HardExamples:
+    """A supervised (x, y) batch stream that swaps ``fraction`` of each batch for hard
+    examples from the shared pool; :meth:`feedback` takes the batch's per-sample losses."""
+
+    def __init__(self, inner, shared: SharedReplay, fraction: float, seed: int):
+        self.inner, self.shared, self.batch = inner, shared, inner.batch
+        self.hard = int(round(fraction * self.batch))
+        self.g = torch.Generator().manual_seed(seed)
+        self.last = None  # (fresh rows, their x, y, replayed slots or None)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        x, y = next(self.inner)
+        slots, k = None, len(x)
+        if self.hard and len(self.shared.pool) >= self.hard:
+            slots, rows, _ = self.shared.pool.sample(self.hard, self.g)
+            k = self.batch - self.hard
+            x = torch.cat([x[:k], rows["x"].to(x.device, x.dtype)])
+            y = torch.cat([y[:k], rows["y"].to(y.device)])
+        self.last = (k, x[:k].cpu(), y[:k].cpu(), slots)
+        return x, y
+
+    def feedback(self, losses) -> None:
+        """Per-sample losses of the last batch (fresh rows first): the priorities."""
+        k, x, y, slots = self.last
+        losses = np.asarray(losses, dtype=np.float64)
+        self.shared.insert({"x": x, "y": y}, priorities=losses[:k])
+        if slots is not None:
+            self.shared.update(slots, losses[k:])
+
+    def state_dict(self) -> dict:
+        return {"inner": self.inner.state_dict(), "generator": self.g.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.inner.load_state_dict(state["inner"])
+        self.g.set_state(state["generator"])
 
 
 def _concat(parts: list, names: list) -> dict:

@@ -288,7 +288,8 @@ class PrivacySpec(Strict):
 class ReplaySpec(Strict):
     """A prioritized replay pool shared by all agents (oresearcher.replay, oresearcher.replay_sharing)."""
 
-    enabled: bool = Field(False, description="agents share one prioritized replay pool (cartpole)")
+    enabled: bool = Field(False, description="agents share one prioritized replay pool (cartpole: "
+                          "transitions; digits: hard examples, priority = loss)")
     capacity: Int = Field(100_000, ge=1, le=10**8, description="entries (transitions) in the pool; the oldest "
                           "are evicted first")
     alpha: Float = Field(0.6, ge=0, le=10, description="prioritization exponent: P(i) ~ p_i^alpha (0: uniform)")
@@ -486,9 +487,12 @@ class Scenario(Strict):
             return self
         if self.training.strategy != "oresearcher":
             raise ValueError("cooperation.replay needs training.strategy: oresearcher")
-        if self.workload.task != "cartpole":
-            raise ValueError(f"cooperation.replay: the shared pool holds transitions of workload.task cartpole "
-                             f"(got {self.workload.task})")
+        if self.workload.task not in ("cartpole", "digits"):
+            raise ValueError(f"cooperation.replay: the shared pool holds cartpole transitions or digits "
+                             f"samples (got workload.task {self.workload.task})")
+        if self.cooperation.privacy.enabled:
+            raise ValueError("cooperation.replay with cooperation.privacy: replayed samples are neither "
+                             "subsampled uniformly nor private to one agent, so the accounting would not hold")
         return self
 
     @property

@@ -33,6 +33,11 @@ batch. Each peer forward pass is charged: ``fwd_flops`` grows by the measured fo
 FLOPs of each peer's architecture on one batch. No snapshot (first round, one agent,
 shaping off): plain cross-entropy.
 
+Shared hard-example pool (``cooperation.replay``): with ``use_shared_replay`` a quarter of
+every batch comes from the group's prioritized pool
+(:class:`oresearcher.replay_sharing.HardExamples`), and each sample's cross-entropy is its
+priority.
+
 Usage: ``make_learner(scenario, rank, mode="numeric")``.
 """
 from __future__ import annotations
@@ -188,6 +193,8 @@ class DigitsLearner(TorchLearner):
     """TorchLearner plus what the cooperative program asks of a task (held-out scoring)."""
 
     metric_name = "accuracy"
+    replay_spec = {"x": ((64,), torch.float32), "y": ((), torch.int64)}  # one sample in the shared pool
+    hard_fraction = 0.25  # of each batch drawn from the shared hard-example pool
     n_classes = N_CLASSES
 
     def __init__(self, arch: str, seed: int, rank: int, batch: int, lr: float, optimizer: str,
@@ -206,6 +213,7 @@ class DigitsLearner(TorchLearner):
                          fwd_flops=fwd, bwd_flops=bwd, bucket_bytes=bucket_bytes)
         self.arch, self.dtype_, self._scratch = arch, dtype, {}
         self.train_size = len(X)  # the private data of oresearcher.privacy's sample rate
+        self.shared_replay, self._per_sample = None, None
         self.base_fwd_flops, self._x_probe, self._peer_fwd = float(fwd), X[:batch].to(self.device, dtype), {}
         self.reward_weights, self.peers, self._peer_params = None, [], []
         Xv = splits["val"][0].to(self.device, dtype)
@@ -262,10 +270,11 @@ class DigitsLearner(TorchLearner):
 
     def _shaped_loss(self, module, batch):
         x, y = batch
+        logits = module(x)
+        self._per_sample = (logits.detach(), y)  # the hard-example pool's priorities
         if self.reward_weights is None or not self._peer_params:
             self._task_loss = None
-            return _loss(module, batch)
-        logits = module(x)
+            return F.cross_entropy(logits, y)
         self._task_loss = float(F.cross_entropy(logits.detach(), y))  # what the curve shows
         return shaped_loss(logits, y, self.peer_probs(x), self.reward_weights)
 
@@ -281,9 +290,19 @@ class DigitsLearner(TorchLearner):
         """The step's loss, and its plain cross-entropy as ``task_loss`` (the same number
         unless the loss is reward-shaped): a figure compares tasks by the task's loss."""
         out = super().forward_backward()
+        if self.shared_replay is not None:  # each sample's cross-entropy is its priority
+            logits, y = self._per_sample
+            self.batches.feedback(F.cross_entropy(logits.float(), y, reduction="none").cpu().numpy())
         task = getattr(self, "_task_loss", None)
         out["task_loss"] = out["loss"] if task is None else task
         return out
+
+    def use_shared_replay(self, shared) -> None:
+        """Draw part of every batch from ``shared`` (a SharedReplay) as hard examples."""
+        from ..replay_sharing import HardExamples
+
+        self.shared_replay = shared
+        self.batches = HardExamples(self.batches, shared, self.hard_fraction, seed=shared.rank * 7_919 + 11)
 
     def arch_numel(self, arch: str) -> int:
         return sum(p.numel() for p in self._module_for(arch).parameters())
