@@ -104,5 +104,7 @@ def make_learner(scenario, rank: int, world_size: int, device) -> FSDPLearner:
     def loss_fn(module, batch):
         return lm_loss(module(batch[:, :-1]), batch[:, 1:])
 
-    return FSDPLearner(model, optimizer, batches, loss_fn, fwd_flops=plan.fwd_flops, bwd_flops=plan.bwd_flops,
-                       bucket_bytes=scenario.communication.bucket_bytes)
+    learner = FSDPLearner(model, optimizer, batches, loss_fn, fwd_flops=plan.fwd_flops, bwd_flops=plan.bwd_flops,
+                          bucket_bytes=scenario.communication.bucket_bytes)
+    learner.dtype = DTYPES[w.dtype]  # what it computes in: FSDP's policy casts, so the worker adds no autocast
+    return learner

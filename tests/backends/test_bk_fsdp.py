@@ -162,3 +162,15 @@ def test_simulated_memory_within_10_percent_of_measured_peak(tmp_path, child_env
         print(f"reshard_after_forward={reshard}: predicted {pred / 1e6:.2f} MB, measured "
               f"{[round(h[reshard] / 1e6, 2) for h in held]} MB, errors {[f'{e:+.1%}' for e in errors]}")
         assert all(abs(e) < 0.10 for e in errors)
+
+
+@pytest.mark.skipif(not (torch.cuda.is_available() and torch.distributed.is_nccl_available()),
+                    reason="needs a CUDA GPU and NCCL")
+def test_nccl_bf16_run_on_one_gpu(tmp_path, child_env):
+    sc = _scenario(tmp_path / "s.yaml", 1)
+    out = tmp_path / "run"
+    _run(["--backend=nccl", "--scenario", str(sc), "--out", str(out), "--set", "workload.dtype=bf16",
+          "--set", "fsdp.reduce_dtype=fp32"], child_env)
+    rep, got = _losses(out, 1)
+    assert rep["backend"] == "nccl" and rep["device"] != "cpu" and len(got[0]) == STEPS
+    assert got[0][-1] < 0.7 * got[0][0]
