@@ -352,7 +352,7 @@ def faults_table(f: dict):
               f"GB/s: {c['seconds_each']:,.2f} s each)", f"{c['time_lost_s']:,.2f} s", "")
     slow = [x for x in f["stragglers"]["factors"] if x != 1.0]
     if slow:
-        t.add_row(f"stragglers ({len(slow)} ranks, up to x{max(slow):.2f})", f"{f['stragglers']['time_lost_s']:,.2f} s", "")
+        t.add_row(f"stragglers ({len(slow)} rank{'s' if len(slow) > 1 else ''}, up to x{max(slow):.2f})", f"{f['stragglers']['time_lost_s']:,.2f} s", "")
     for w in f["links"]["windows"]:
         t.add_row(f"link bandwidth x{w['bandwidth_factor']:g} from {w['start_s']:g} s for {w['duration_s']:g} s", "", "")
     if f["links"]["windows"]:
