@@ -73,8 +73,10 @@ def test_profiles_roofline_fields_and_selector():
     h200 = lookup(cat, "device", "H200", "x")
     assert h200.compute_model == "flat" and h200.memory_bandwidth == pytest.approx(4.8e12 * 0.9)
     assert lookup(cat, "device", "H200:roofline", "x").compute_model == "roofline"
-    with pytest.raises(UserError, match="needs memory_bandwidth"):
-        lookup(cat, "device", "cpu-local:roofline", "x")
+    assert lookup(cat, "device", "cpu-local:roofline", "x").compute_model == "roofline"
+    with pytest.raises(ValueError, match="needs memory_bandwidth"):
+        DeviceProfile(name="bare", peak_flops={"fp32": 1e12}, efficiency=0.5, memory_bytes=1e9,
+                      host_overhead_us=1.0, compute_model="roofline")
     with pytest.raises(UserError, match="flat or roofline"):
         lookup(cat, "device", "H200:fast", "x")
     for name, tbps in (("A100-SXM4-80GB", 2.039), ("H100-SXM", 3.35), ("H200", 4.8)):
