@@ -209,14 +209,13 @@ def catalogue(extra_files=(), base_dir: Path = Path(".")) -> dict:
 
 
 def lookup(cat: dict, kind: str, name: str, where: str):
+    """The profile called ``name``. A device name may end in ``:roofline`` or ``:flat`` to
+    choose its compute model (``cluster.device=H200:roofline``)."""
+    name, _, model = name.partition(":") if kind == "device" else (name, "", "")
     prof = cat.get((kind, name))
     if prof is None:
         known = ", ".join(sorted(n for k, n in cat if k == kind))
         raise UserError(f"{where}: unknown {kind} profile {name!r} (known: {known})")
-    """The profile called ``name``. A device name may end in ``:roofline`` or ``:flat`` to
-    choose its compute model (``cluster.device=H200:roofline``)."""
-    name, _, model = name.partition(":") if kind == "device" else (name, "", "")
-    return prof
     if model:
         if model not in ("flat", "roofline"):
             raise UserError(f"{where}: {name}:{model}: the compute model after ':' must be flat or roofline")
@@ -224,3 +223,4 @@ def lookup(cat: dict, kind: str, name: str, where: str):
             prof = DeviceProfile.model_validate({**prof.model_dump(), "compute_model": model})
         except ValidationError as e:
             raise UserError(f"{where}: {name}:{model}: {e.errors()[0]['msg']}") from None
+    return prof
