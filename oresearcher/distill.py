@@ -23,7 +23,10 @@ set) every rank runs a distillation phase, data parallel over all ranks:
    (:func:`train_alone`), which the run computes after the ranks finish.
 
 Everything is ops, so the simulator prices the phase from its Compute FLOPs and the
-AllReduce sizes, and the real backends run it. The phase is not a resume boundary: a run
+AllReduce sizes, and the real backends run it. In shape mode (language-model presets on
+a simulated cluster, no values) :func:`distill_shape` issues the same costs with the
+teacher computed on the fly, so ``python -m oresearcher.sim scenarios/8xA100.yaml --set
+distill.student=gpt-125m`` predicts what distilling the cluster costs. The phase is not a resume boundary: a run
 stopped during it resumes at the end of cooperative training and distils again.
 """
 from __future__ import annotations
@@ -93,6 +96,8 @@ def program(ctx, learner):
     result = yield from _counted(cooperative(ctx, learner), count)
     if ctx.scenario.distill.student and ctx.numeric and getattr(learner, "cooperative_result", None):
         yield from _counted(distill(ctx, learner, count["last_step"] + 1, count), count)
+    elif ctx.scenario.distill.student and not ctx.numeric and ctx.scenario.workload.task == "synthetic-lm":
+        yield from distill_shape(ctx, learner, count["last_step"] + 1)
     return result
 
 
@@ -109,6 +114,31 @@ def _counted(gen, count: dict):
         elif isinstance(op, StepDone):
             count["last_step"] = op.step
         value = yield op
+
+
+def distill_shape(ctx, learner, first_step: int):
+    """Shape mode (synthetic-lm presets, no values): the phase's cost only. Per step every
+    agent's forward on the rank's micro batch (the teacher, computed on the fly: a token
+    stream cannot be precomputed), the student's forward-backward and its gradient
+    buckets all-reduced over the world, as the numeric phase issues them."""
+    from .programs.cooperative import arch_ids
+    from .programs.learner import DTYPES
+    from .workloads import bucket_sizes, measure_lm
+
+    sc, d = ctx.scenario, ctx.scenario.distill
+    w = sc.workload
+    mb = max(1, w.global_batch // ctx.world_size)
+    teacher = sum(measure_lm(a, mb, w.seq_len, w.dtype).fwd_flops for a in arch_ids(sc))
+    student = measure_lm(d.student, mb, w.seq_len, w.dtype, w.activation_checkpointing)
+    dtype = DTYPES[w.dtype]
+    sizes = bucket_sizes(student.param_numels, sc.communication.bucket_bytes, torch.empty((), dtype=dtype).element_size())
+    for s in range(d.steps):
+        yield Compute(flops=float(teacher), name="teacher_outputs")
+        yield Compute(flops=float(student.step_flops), name="distill_fwd_bwd")
+        for n in sizes:
+            yield AllReduce(torch.empty(n, dtype=dtype, device="meta"), op="avg", name="distill_grad")
+        yield Compute(flops=10.0 * student.params, name="optimizer")
+        yield StepDone(first_step + s, {})
 
 
 def _teacher(ctx, learner, ens, X):

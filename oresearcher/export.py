@@ -133,6 +133,10 @@ def load_model(directory) -> tuple[torch.nn.Module, dict]:
 def main(argv=None) -> int:
     """``python -m oresearcher.export DIR``: load the export and describe it."""
     args = sys.argv[1:] if argv is None else list(argv)
+    if args in (["-h"], ["--help"]):
+        print("usage: python -m oresearcher.export DIR\n\nLoad the model exported to DIR by "
+              "`python -m oresearcher.run ... --export DIR`, verify its weights and describe it.")
+        return 0
     if len(args) != 1 or args[0].startswith("-"):
         raise UserError("usage: python -m oresearcher.export DIR (a directory written by run --export)")
     module, meta = load_model(args[0])

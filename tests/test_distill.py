@@ -128,3 +128,20 @@ def test_export_without_a_student_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "distill.student" in err
     assert not (tmp_path / "r").exists()  # refused before any rank started
+
+
+def test_shape_mode_prices_distillation_per_step():
+    """A language-model cluster in shape mode: each distillation step adds the same
+    simulated time (the teachers' forwards, the student's step, its all-reduce)."""
+    simulate = pytest.importorskip("oresearcher.sim.simulate").simulate
+    tiny = Path(__file__).resolve().parents[1] / "scenarios" / "cpu-tiny.yaml"
+    base = ["training.strategy=oresearcher", "training.steps=4", "communication.interval=2"]
+    times = {}
+    for steps in (0, 3, 6):
+        extra = ["distill.student=gpt-tiny", f"distill.steps={steps}"] if steps else []
+        report, _ = simulate(load_scenario(tiny, base + extra), mode="shape")
+        times[steps] = report["total_time_s"]
+        if steps:
+            assert "distill_grad" in {b["name"] for b in report["breakdown"]}
+    assert times[3] > times[0]
+    assert times[6] - times[3] == pytest.approx(times[3] - times[0], rel=0.05)
