@@ -39,12 +39,12 @@ def print_report(report: dict, title: str, column: str = "predicted") -> None:
     console.print(t)
     steps, ws = max(report["steps"], 1), max(report["world_size"], 1)
     if report["breakdown"]:
-        b = Table(title="per collective", header_style="bold")
-        for col in ("collective", "calls/step/rank", "in flight/step/rank", "wire/step/rank", "algorithm"):
+        b = Table(title="per collective (per step and rank)", header_style="bold")
+        for col in ("collective", "calls", "in flight", "of which waiting", "wire", "algorithm"):
             b.add_column(col, justify="right" if col not in ("collective", "algorithm") else "left")
         for row in report["breakdown"]:
             b.add_row(row["name"], f"{row['count'] / steps / ws:.3g}", fmt_ms(row["time_s"] / steps / ws),
-                      fmt_bytes(row["wire_bytes"] / steps / ws), _algorithms(row.get("algorithms") or {}))
+                      fmt_ms(row.get("peer_wait_s", 0.0) / steps / ws), fmt_bytes(row["wire_bytes"] / steps / ws), _algorithms(row.get("algorithms") or {}))
         console.print(b)
     mem = report.get("memory")
     if mem:

@@ -18,7 +18,8 @@ Definitions (per step, averaged over steps; "mean" is over ranks):
   collective algorithm moves, not the payload size).
 - ``peer_wait_time_s``: the part of ``comm_time_s`` a rank spent waiting for the other
   members of a collective to arrive (load imbalance, not the network). Recorded by
-  backends that know when every member arrived (the simulator).
+  backends that know when every member arrived (the simulator). Each ``breakdown`` row
+  has its collective's share (``peer_wait_s``, all ranks, all steps).
 """
 from __future__ import annotations
 
@@ -72,6 +73,7 @@ class Timeline:
         self.wire = [0] * world_size  # rank -> bytes sent
         self.collectives = defaultdict(lambda: [0, 0.0, 0])  # name -> [count, s, bytes]
         self.algorithms = defaultdict(lambda: defaultdict(int))  # name -> algorithm[/protocol] -> calls
+        self.waits = defaultdict(float)  # collective name -> s its members waited for the last to arrive
         self.t0: float | None = None
         self.step_ends = defaultdict(list)  # rank -> [time]
         self.metrics = defaultdict(list)  # rank -> [(step, t, {..})]
@@ -90,6 +92,8 @@ class Timeline:
             algo = args.get("algorithm") if args else None
             if algo:
                 self.algorithms[name][algo] += 1
+        elif cat == "peer_wait":
+            self.waits[name] += end - start
         if len(self.spans) < self.keep_spans:
             self.spans.append(Span(rank, cat, name, start, end, wire_bytes, args or {}))
 
@@ -107,6 +111,7 @@ class Timeline:
             "totals": dict(self.totals[rank]), "wire": self.wire[rank], "t0": self.t0,
             "collectives": {k: list(v) for k, v in self.collectives.items()},
             "algorithms": {k: dict(v) for k, v in self.algorithms.items()},
+            "waits": dict(self.waits),
             "spans": [(s.cat, s.name, s.start, s.end, s.wire_bytes) for s in self.spans],
             "step_ends": list(self.step_ends[rank]), "metrics": list(self.metrics[rank]),
         }
@@ -121,6 +126,8 @@ class Timeline:
             for name, (count, secs, nbytes) in part["collectives"].items():
                 c = merged.collectives[name]
                 c[0], c[1], c[2] = c[0] + count, c[1] + secs, c[2] + nbytes
+            for name, secs in part.get("waits", {}).items():
+                merged.waits[name] += secs
             for name, algos in part.get("algorithms", {}).items():
                 for algo, count in algos.items():
                     merged.algorithms[name][algo] += count
@@ -160,7 +167,7 @@ def summarize(tl: Timeline, scenario: dict, backend: str, extra: dict | None = N
         "wire_bytes_per_step": _mean(tl.wire[r] for r in ranks) / per,
         "total_time_s": end - t0,
         "breakdown": [
-            {"name": k, "count": c, "time_s": t, "wire_bytes": b,
+            {"name": k, "count": c, "time_s": t, "wire_bytes": b, "peer_wait_s": tl.waits.get(k, 0.0),
              "algorithms": dict(sorted(tl.algorithms[k].items(), key=lambda kv: -kv[1]))}
             for k, (c, t, b) in sorted(tl.collectives.items())
         ],
