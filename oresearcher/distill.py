@@ -206,17 +206,15 @@ def evaluate(learner, ens, module) -> dict:
             "best_agent_test_accuracy": max(agents) if agents else float("nan")}
 
 
-def train_alone(learner, scenario, flops_budget: float, step_flops: float) -> dict:
-    """The same-size model trained alone: the student's architecture from the same
-    initialisation, plain cross-entropy on the whole training split (batch
-    ``workload.global_batch / agents.count``, the student's lr), for as many steps as
-    ``flops_budget`` buys at ``step_flops`` each. Returns its test accuracy and steps."""
+def train_alone(learner, scenario, steps: int, batch: int) -> float:
+    """Test accuracy of the student's architecture trained alone: the same
+    initialisation, plain cross-entropy on the whole training split, the student's lr,
+    ``steps`` steps of ``batch`` samples."""
     d = scenario.distill
     X, y = learner.task_data("train")
     module = build_student(scenario.workload.task, d.student, scenario.seed).to(X.device, X.dtype)
     opt = torch.optim.AdamW(module.parameters(), lr=d.lr)
     g = torch.Generator().manual_seed(scenario.seed * 1009 + 77)
-    batch, steps = max(1, scenario.workload.global_batch // scenario.world_size), int(flops_budget // step_flops)
     module.train()
     for _ in range(steps):
         idx = torch.randint(len(X), (batch,), generator=g)
@@ -227,17 +225,23 @@ def train_alone(learner, scenario, flops_budget: float, step_flops: float) -> di
     Xt, yt = learner.task_data("test")
     module.eval()
     with torch.no_grad():
-        return {"alone_test_accuracy": accuracy(module(Xt).float(), yt), "alone_steps": float(steps)}
+        return accuracy(module(Xt).float(), yt)
 
 
 def comparison(learner, scenario) -> dict:
     """The report's ``distill`` section: the student beside the ensemble, the plain mean,
-    the best single agent and the student's architecture trained alone on the cluster's
-    whole compute (training and distillation, every rank)."""
+    the best single agent and the student's architecture trained alone -- on the cluster's
+    whole compute (training and distillation, every rank; batch as the student's per
+    rank), and for the student's steps and samples without a teacher."""
     m = learner.distill_result["metrics"]
     out = {k: float(m[k]) for k in ("student_test_accuracy", "ensemble_test_accuracy",
                                     "mean_of_agents_test_accuracy", "best_agent_test_accuracy", "cluster_flops")}
-    out.update(train_alone(learner, scenario, m["cluster_flops"], m["student_step_flops"]))
+    batch = max(1, scenario.workload.global_batch // scenario.world_size)  # the student's, per rank
+    steps = int(m["cluster_flops"] // m["student_step_flops"])  # what the cluster's compute buys one model
+    out.update(alone_steps=float(steps), alone_test_accuracy=train_alone(learner, scenario, steps, batch),
+               # as many steps and samples as the student saw, without the teacher: what distilling added
+               alone_same_steps_test_accuracy=train_alone(learner, scenario, scenario.distill.steps,
+                                                          batch * scenario.world_size))
     out.update(student=learner.distill_result["arch"], task=scenario.workload.task,
                ensemble_trained=bool(scenario.cooperation.ensemble.train))
     return out
@@ -264,7 +268,8 @@ def comparison_lines(section: dict) -> list[str]:
             ("plain mean of the agents", acc("mean_of_agents_test_accuracy")),
             ("best single agent", acc("best_agent_test_accuracy")),
             (f"{section['student']} alone, same compute ({section['alone_steps']:,.0f} steps)",
-             acc("alone_test_accuracy"))]
+             acc("alone_test_accuracy")),
+            (f"{section['student']} alone, the student's steps and samples", acc("alone_same_steps_test_accuracy"))]
     width = max(len(r[0]) for r in rows)
     lines = [f"one model out of the cluster: test accuracy on {section['task']} "
              f"(cluster compute {section['cluster_flops'] / 1e9:,.2f} GFLOP)"]

@@ -86,6 +86,7 @@ def test_gloo_heterogeneous_distils_and_exports(tmp_path):
     for k in ("student_test_accuracy", "ensemble_test_accuracy", "best_agent_test_accuracy"):
         assert section[k] == pytest.approx(ref_m[k], abs=0.03), k
     assert section["alone_steps"] >= 1 and 0 <= section["alone_test_accuracy"] <= 1
+    assert 0 <= section["alone_same_steps_test_accuracy"] <= 1
     # the export: loads with the one function, and reproduces the student's figure exactly
     model, meta = load_model(tmp_path / "model")
     X, y = load_splits()["test"]
