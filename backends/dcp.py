@@ -31,22 +31,32 @@ log = logging.getLogger(__name__)
 FOLDER = "dcp"
 
 
-def save(step_dir: Path, model, optimizer) -> Path:
-    """Save ``model`` and ``optimizer`` (sharded) under ``step_dir/dcp``; collective."""
-    path = Path(step_dir) / FOLDER
+def folder(step_dir: Path, agent=None) -> Path:
+    """``step_dir/dcp``, or ``step_dir/dcp-agent<a>`` for one of several sharded agents."""
+    return Path(step_dir) / (FOLDER if agent is None else f"{FOLDER}-agent{agent}")
+
+
+def save(step_dir: Path, model, optimizer, agent=None, group=None) -> Path:
+    """Save ``model`` and ``optimizer`` (sharded) under :func:`folder`; collective over
+    ``group`` (default: the world)."""
+    path = folder(step_dir, agent)
     model_sd, optim_sd = get_state_dict(model, optimizer)
-    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path))
+    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path), process_group=group)
     return path
 
 
-def load(step_dir: Path, model, optimizer, keep_lr: bool = False) -> None:
-    """Load ``step_dir/dcp`` into ``model`` and ``optimizer``, resharded to this run's
+def load(step_dir: Path, model, optimizer, keep_lr: bool = False, agent=None, group=None) -> None:
+    """Load :func:`folder` into ``model`` and ``optimizer``, resharded to this run's
     ranks; ``keep_lr``: keep the learning rates the optimizer has now. Collective."""
-    path = Path(step_dir) / FOLDER
+    path = folder(step_dir, agent)
+    if not (path / ".metadata").is_file():
+        from oresearcher.errors import UserError
+
+        raise UserError(f"{path}: no DCP checkpoint there (sharded agents resume with the agents they saved)")
     fresh = [g["lr"] for g in optimizer.param_groups]
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state = {"model": model_sd, "optim": optim_sd}
-    dcp.load(state, checkpoint_id=str(path))
+    dcp.load(state, checkpoint_id=str(path), process_group=group)
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     if keep_lr:
         for g, lr in zip(optimizer.param_groups, fresh):
@@ -66,8 +76,9 @@ def prune(step_dir: Path) -> None:
     before = int(m.group(1))
     for d in base.iterdir():
         m = _STEP_DIR.match(d.name)
-        if m and int(m.group(1)) < before and (d / FOLDER).is_dir() and not any(d.glob("rank-*.json")):
-            shutil.rmtree(d / FOLDER, ignore_errors=True)
+        if m and int(m.group(1)) < before and not any(d.glob("rank-*.json")):
+            for sub in d.glob(FOLDER + "*"):
+                shutil.rmtree(sub, ignore_errors=True)
             try:
                 d.rmdir()
             except OSError:

@@ -17,7 +17,12 @@ the same full model from the scenario seed first, so the shards are slices of th
 base model. Mixed precision: sharded parameters stay fp32 (the optimizer's master copy);
 blocks are gathered and computed in ``workload.dtype``; gradients are reduced in that
 dtype or in fp32 (``fsdp.reduce_dtype``). HSDP (``fsdp.shard_group_size`` < ranks) is a
-2-D DeviceMesh (replicate, shard).
+2-D DeviceMesh (replicate, shard). With ``fsdp.replicas: fusion`` each row of that mesh
+is an agent of its own: its model is sharded over the row's 1-D sub-mesh (no gradient
+all-reduce between agents), the program fuses the agents' local shards every
+``communication.interval`` steps (:mod:`oresearcher.sharded_fusion`), and each agent
+checkpoints its own DCP folder (``dcp-agent<a>``: the agents hold different models, which
+one DCP folder for the world would take for replicas and save once).
 
 Checkpoints: the learner's own ``state_dict()`` holds only its data stream; the model and
 optimizer are saved and loaded by :mod:`oresearcher.backends.dcp` (``save_sharded`` /
@@ -39,12 +44,14 @@ from . import dcp
 
 
 def device_mesh(scenario, world_size: int, device: torch.device):
-    """1-D mesh over all ranks, or 2-D (replicate, shard) for HSDP."""
+    """1-D mesh over all ranks, 2-D (replicate, shard) for HSDP, or this agent's row of it
+    for sharded agents (``fsdp.replicas: fusion``)."""
     size = scenario.fsdp.group_size(world_size)
     kind = device.type
     if size == world_size:
         return init_device_mesh(kind, (world_size,), mesh_dim_names=("shard",))
-    return init_device_mesh(kind, (world_size // size, size), mesh_dim_names=("replicate", "shard"))
+    mesh = init_device_mesh(kind, (world_size // size, size), mesh_dim_names=("replicate", "shard"))
+    return mesh["shard"] if scenario.fsdp.replicas == "fusion" else mesh
 
 
 def mixed_precision(scenario) -> MixedPrecisionPolicy:
@@ -64,7 +71,12 @@ def shard_model(model, mesh, reshard_after_forward: bool, mp: MixedPrecisionPoli
 
 
 class FSDPLearner(TorchLearner):
-    """A TorchLearner over a fully_shard model; model and optimizer checkpoint through DCP."""
+    """A TorchLearner over a fully_shard model; model and optimizer checkpoint through DCP.
+
+    ``agent``/``agent_group``: set for sharded agents (their own DCP folder and group)."""
+
+    agent = None
+    agent_group = None
 
     def state_dict(self) -> dict:
         return {"data": self.batches.state_dict()}
@@ -74,12 +86,27 @@ class FSDPLearner(TorchLearner):
             self.batches.load_state_dict(state["data"])
 
     def save_sharded(self, step_dir) -> None:
-        dcp.save(step_dir, self.module, self.optimizer)
+        dcp.save(step_dir, self.module, self.optimizer, agent=self.agent, group=self.agent_group)
         if dcp.is_rank0():
             dcp.prune(step_dir)
 
     def load_sharded(self, step_dir, keep_lr: bool = False) -> None:
-        dcp.load(step_dir, self.module, self.optimizer, keep_lr=keep_lr)
+        dcp.load(step_dir, self.module, self.optimizer, keep_lr=keep_lr, agent=self.agent, group=self.agent_group)
+
+    def _local(self) -> list[torch.Tensor]:
+        return [p.to_local() if hasattr(p, "to_local") else p for p in self.module.parameters()]
+
+    @torch.no_grad()
+    def local_flat(self) -> torch.Tensor:
+        """This rank's shard of every parameter, flat (what a shard-wise fusion moves)."""
+        return torch.cat([t.detach().reshape(-1) for t in self._local()])
+
+    @torch.no_grad()
+    def set_local_flat(self, flat: torch.Tensor) -> None:
+        offset = 0
+        for t in self._local():
+            t.copy_(flat[offset:offset + t.numel()].view_as(t))
+            offset += t.numel()
 
     def full_state(self) -> dict:
         """The whole model, gathered (a collective; for tests and export)."""
@@ -92,8 +119,8 @@ def make_learner(scenario, rank: int, world_size: int, device) -> FSDPLearner:
     torch.manual_seed(scenario.seed)  # every rank builds the same base model, then keeps its shards
     model = build_model(w.model, device=device, dtype=torch.float32)
     model.activation_checkpointing = w.activation_checkpointing
-    shard_model(model, device_mesh(scenario, world_size, device), scenario.fsdp.reshard_after_forward,
-                mixed_precision(scenario))
+    mesh = device_mesh(scenario, world_size, device)
+    shard_model(model, mesh, scenario.fsdp.reshard_after_forward, mixed_precision(scenario))
     lr = scenario.training.lr
     optimizer = (torch.optim.AdamW(model.parameters(), lr=lr) if w.optimizer == "adamw"
                  else torch.optim.SGD(model.parameters(), lr=lr))
@@ -107,4 +134,6 @@ def make_learner(scenario, rank: int, world_size: int, device) -> FSDPLearner:
     learner = FSDPLearner(model, optimizer, batches, loss_fn, fwd_flops=plan.fwd_flops, bwd_flops=plan.bwd_flops,
                           bucket_bytes=scenario.communication.bucket_bytes)
     learner.dtype = DTYPES[w.dtype]  # what it computes in: FSDP's policy casts, so the worker adds no autocast
+    if scenario.fsdp.replicas == "fusion":
+        learner.agent, learner.agent_group = rank // scenario.fsdp.group_size(world_size), mesh.get_group()
     return learner

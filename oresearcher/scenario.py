@@ -360,6 +360,11 @@ class FsdpSpec(Strict):
                                   "(plain FSDP). Must divide agents.count")
     reduce_dtype: Literal["compute", "fp32"] = Field("compute", description="dtype of the gradient "
                                                      "reduce-scatter: the compute dtype (workload.dtype) or fp32")
+    replicas: Literal["allreduce", "fusion"] = Field("allreduce", description="what the shard groups are: "
+                                                     "allreduce: replicas of one model, gradients all-reduced every "
+                                                     "step (HSDP); fusion: independent sharded agents, fused shard by "
+                                                     "shard every communication.interval steps "
+                                                     "(cooperation.fusion: method, temperature, similarity_weight)")
 
     def group_size(self, world_size: int) -> int:
         """Ranks per shard group (0 means the world)."""
@@ -479,6 +484,9 @@ class Scenario(Strict):
         size = self.fsdp.group_size(self.agents.count)
         if self.agents.count % size:
             raise ValueError(f"fsdp.shard_group_size={size} does not divide agents.count={self.agents.count}")
+        if self.fsdp.replicas == "fusion" and size == self.agents.count:
+            raise ValueError("fsdp.replicas fusion needs more than one sharded agent: set fsdp.shard_group_size "
+                             "below agents.count")
         return self
 
     @model_validator(mode="after")

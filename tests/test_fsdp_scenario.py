@@ -28,6 +28,8 @@ def test_defaults_are_zero3_over_every_rank():
     ("fsdp.zero_stage=3", "fsdp.zero_stage"),
     ("simulation.mode=numeric", "shape mode"),
     ("training.strategy=colossalai", "maps to fsdp"),
+    ("fsdp.replicas=fusion", "needs more than one sharded agent"),
+    ("fsdp.replicas=average", "fsdp.replicas"),
 ])
 def test_bad_fields_name_the_field(override, words):
     with pytest.raises(UserError) as e:

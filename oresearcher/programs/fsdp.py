@@ -21,6 +21,12 @@ LM head, then the blocks):
   gradients come last, and so does its reduce-scatter.
 - the optimizer steps on the local shards: no communication.
 
+With ``fsdp.replicas: fusion`` the shard groups are independent *agents*: no gradient
+all-reduce across them; every ``communication.interval`` steps they fuse shard by shard
+(:mod:`oresearcher.sharded_fusion`, the attention-weighted round of
+:mod:`oresearcher.fusion` without full copies), each agent's reliability exp(-loss) from
+its ranks' mean training loss at that step (the per-token likelihood, in (0, 1]).
+
 Payload dtypes follow the mixed-precision policy: all-gathers in the compute dtype
 (``workload.dtype``), reduce-scatters in ``fsdp.reduce_dtype`` (fp32 or the compute dtype).
 
@@ -38,6 +44,7 @@ import torch
 
 from ..errors import UserError
 from ..ops import AllGather, AllReduce, Compute, ReduceScatter, StepDone, Wait
+from ..sharded_fusion import fuse_sharded
 from ..sharding import scenario_plan, shard_groups
 from .learner import DTYPES
 
@@ -48,9 +55,12 @@ def fsdp(ctx, learner):
         yield from _delegated(ctx, learner)
         return
     sched = Schedule.build(ctx)
+    fusion = FusionRound.build(ctx)
     for step in range(ctx.start_step, ctx.steps):
         yield from sched.step()
         yield Compute(learner.optimizer_step, name="optimizer")
+        if fusion is not None and fusion.due(step):
+            yield from fusion.run(sched.local_shard(), None)
         ctx.mark_boundary(step)
         yield StepDone(step, {})
 
@@ -61,9 +71,14 @@ def _delegated(ctx, learner):
         raise UserError("strategy fsdp runs a fully_shard learner (oresearcher.backends.fsdp.make_learner); "
                          f"got {type(learner).__name__}")
     flops = learner.fwd_flops + learner.bwd_flops
+    fusion = FusionRound.build(ctx)
     for step in range(ctx.start_step, ctx.steps):
         metrics = yield Compute(learner.forward_backward, flops=flops, name="fsdp_forward_backward")
         yield Compute(learner.optimizer_step, name="optimizer")
+        if fusion is not None and fusion.due(step):
+            flat = yield Compute(learner.local_flat, name="pack")
+            fused = yield from fusion.run(flat, metrics.get("loss"))
+            yield Compute(learner.set_local_flat, fused, name="unpack")
         if ctx.should_eval(step):
             metrics.update((yield Compute(learner.evaluate, name="evaluate")))
         ctx.mark_boundary(step)
@@ -87,9 +102,16 @@ class Schedule:
         sc = ctx.scenario
         size = sc.fsdp.group_size(ctx.world_size)
         shard, replicate = shard_groups(ctx.rank, ctx.world_size, size)
+        if sc.fsdp.replicas == "fusion":  # independent agents: no gradient all-reduce across groups
+            replicate = (ctx.rank,)
         compute = DTYPES[sc.workload.dtype]
         reduce = torch.float32 if sc.fsdp.reduce_dtype == "fp32" else compute
         return cls(scenario_plan(sc), shard, replicate, sc.fsdp.reshard_after_forward, compute, reduce)
+
+    def local_shard(self) -> torch.Tensor:
+        """This rank's fp32 shard of every parameter, flat (meta): what a fusion round moves."""
+        n = len(self.shard)
+        return torch.empty(sum(u.padded_numel(n) // n for u in self.plan.units), dtype=torch.float32, device="meta")
 
     def _gather(self, i):
         return (yield AllGather(self.shards[i], group=self.shard, async_op=True, name="fsdp_all_gather"))
@@ -144,3 +166,40 @@ class Schedule:
         shard = yield Wait(pending, name="fsdp_wait_reduce")
         reduces.append((yield AllReduce(shard, group=self.replicate, op="avg", async_op=True,
                                         name="hsdp_all_reduce")))
+
+
+class FusionRound:
+    """Shard-wise fusion of sharded agents (``fsdp.replicas: fusion``), as ops."""
+
+    def __init__(self, rank: int, world_size: int, size: int, interval: int, fusion_spec):
+        self.shard, self.replicate = shard_groups(rank, world_size, size)
+        self.agent, self.interval = rank // size, interval
+        self.options = dict(method=fusion_spec.method, temperature=fusion_spec.temperature,
+                            similarity_weight=fusion_spec.similarity_weight)
+
+    @classmethod
+    def build(cls, ctx):
+        sc = ctx.scenario
+        if sc.fsdp.replicas != "fusion":
+            return None
+        return cls(ctx.rank, ctx.world_size, sc.fsdp.group_size(ctx.world_size), sc.communication.interval,
+                   sc.cooperation.fusion)
+
+    def due(self, step: int) -> bool:
+        return (step + 1) % self.interval == 0
+
+    def run(self, flat: torch.Tensor, loss):
+        """Fuse this rank's flat shard; ``loss``: its training loss (None in shape mode)."""
+        meta = flat.device.type == "meta"
+        mine = torch.tensor([float("nan") if loss is None else loss], dtype=torch.float64,
+                            device="meta" if meta else "cpu")
+        agent_loss = yield AllReduce(mine, group=self.shard, op="avg", name="fusion_loss")
+        losses = yield AllGather(agent_loss, group=self.replicate, name="fusion_losses")
+        if meta:
+            rel = excluded = None
+        else:
+            lo = torch.cat(losses)
+            excluded = ~torch.isfinite(lo)
+            rel = torch.exp(-torch.nan_to_num(lo, nan=0.0, posinf=0.0))
+        return (yield from fuse_sharded(flat, self.agent, rel, excluded, shard_group=self.shard,
+                                        replicate_group=self.replicate, **self.options))

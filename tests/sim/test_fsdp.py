@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from oresearcher import ops as O
-from oresearcher.programs.fsdp import Schedule
+from oresearcher.programs.fsdp import FusionRound, Schedule
 from oresearcher.sharding import ShardPlan, Unit, shard_groups, shard_plan
 from oresearcher.sim.engine import Engine
 from oresearcher.sim.memory import estimate_fsdp_memory
@@ -128,3 +128,25 @@ def test_llama7b_fsdp_fits_where_ddp_does_not():
     ddp = memory_report(load_scenario(path, ["training.strategy=ddp"]), device)
     assert fsdp["fits"] and not ddp["fits"]
     assert fsdp["sharded_params"] == pytest.approx(4 * 6.74e9 / 8, rel=0.01)
+
+
+def test_sharded_agents_fuse_one_shard_per_peer_and_share_no_gradients():
+    # 4 ranks = 2 agents x 2 shards, fused after every step: each rank gathers the other
+    # agent's fp32 shard (2 blocks x BLOCK / 2 elements); no gradient all-reduce
+    class Fusion:
+        method, temperature, similarity_weight = "attention", 0.1, 0.5
+
+    def prog(rank):
+        shard, _ = shard_groups(rank, 4, 2)
+        sched = Schedule(two_blocks(), shard, (rank,), True, torch.float32, torch.float32)
+        fusion = FusionRound(rank, 4, 2, 1, Fusion)
+        for step in range(2):
+            yield from sched.step()
+            if fusion.due(step):
+                yield from fusion.run(sched.local_shard(), None)
+            yield O.StepDone(step)
+    tl = Engine(topo(4), DEVICE, "fp32", "ring").run([prog(r) for r in range(4)])
+    for r in range(4):
+        assert tl.wire[r] == pytest.approx(2 * (5 * 4 * BLOCK / 2 + 4 * BLOCK) + 2 * 2 * 8 + 2 * 2 * 8 * 4 / 2,
+                                           rel=1e-6)
+    assert tl.collectives["fusion_shard_gather"][0] == 2 * 4 and not tl.collectives["hsdp_all_reduce"][0]
