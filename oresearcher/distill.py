@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from . import ensemble as E
+from .errors import UserError
 from .ops import AllReduce, Compute, StepDone
 from .programs.cooperative import cooperative
 from .workloads import measure_module
@@ -93,6 +94,10 @@ def program(ctx, learner):
     """``training.strategy: oresearcher``: the cooperative program, then (with
     ``distill.student`` and real values) the distillation phase."""
     count = {"flops": 0.0, "last_step": -1}
+    if ctx.scenario.distill.student and ctx.numeric and not all(
+            hasattr(learner, a) for a in ("predict_params", "task_data", "n_classes")):
+        raise UserError(f"distill.student: task {ctx.scenario.workload.task} cannot be distilled with real values "
+                        "yet (a supervised task whose learner has predict_params and task_data: digits)")
     result = yield from _counted(cooperative(ctx, learner), count)
     if ctx.scenario.distill.student and ctx.numeric and getattr(learner, "cooperative_result", None):
         yield from _counted(distill(ctx, learner, count["last_step"] + 1, count), count)

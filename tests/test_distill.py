@@ -145,3 +145,13 @@ def test_shape_mode_prices_distillation_per_step():
             assert "distill_grad" in {b["name"] for b in report["breakdown"]}
     assert times[3] > times[0]
     assert times[6] - times[3] == pytest.approx(times[3] - times[0], rel=0.05)
+
+
+def test_a_task_without_distillation_support_is_one_line(tmp_path, capsys):
+    from oresearcher.sim.__main__ import main as sim_main
+
+    cartpole = Path(__file__).resolve().parents[1] / "scenarios" / "cartpole-4.yaml"
+    code = cli_main(sim_main, [str(cartpole), "--set", "distill.student=mlp", "--set", "training.steps=2", "--out",
+                               str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "cannot be distilled" in err, err
