@@ -78,9 +78,9 @@ def _flat(tree, prefix=""):
             yield from _flat(tree[k], f"{prefix}/{k}")
 
 
-def _dcp_tensors(step_dir, tmp):
-    path = tmp / f"{abs(hash(str(step_dir)))}.pt"
-    dcp_to_torch_save(step_dir / "dcp", path)
+def _dcp_tensors(step_dir, tmp, folder="dcp"):
+    path = tmp / f"{abs(hash(str(step_dir / folder)))}.pt"
+    dcp_to_torch_save(step_dir / folder, path)
     return dict(_flat(torch.load(path, weights_only=False)))
 
 
@@ -216,7 +216,7 @@ def reference_sharded_agents(world, size, interval, steps):
 def test_sharded_agents_fuse_shard_by_shard_as_one_process_fuses_whole_models(tmp_path, child_env):
     world, size, interval, steps = 4, 2, 3, 8
     data = yaml.safe_load(SCENARIO.read_text())
-    data["training"] = {**data["training"], "steps": steps, "checkpoint_every": 0}
+    data["training"] = {**data["training"], "steps": steps, "checkpoint_every": 4}
     data["fsdp"] = {**data["fsdp"], "shard_group_size": size, "replicas": "fusion"}
     data["communication"] = {**data.get("communication", {}), "interval": interval}
     data["cooperation"] = {"fusion": {"method": "attention", "temperature": 0.1, "similarity_weight": 0.5}}
@@ -230,3 +230,14 @@ def test_sharded_agents_fuse_shard_by_shard_as_one_process_fuses_whole_models(tm
     print(f"2 sharded agents x 2 ranks, fused every {interval} steps: worst relative loss difference {worst:.2e}")
     assert worst < 1e-4
     assert got[0][interval] != got[2][interval]  # the agents stay distinct (attention, not averaging)
+
+    # each agent checkpoints its own DCP folder; a resume from step 3 (mid-period) is exact
+    cut = tmp_path / "cut"
+    shutil.copytree(out, cut)
+    shutil.rmtree(ckpt.step_dir(cut, 7))
+    (cut / "report.json").unlink()
+    _run(["--resume", str(cut)], child_env)
+    for agent in (0, 1):
+        a, b = (_dcp_tensors(ckpt.step_dir(d, 7), tmp_path, f"dcp-agent{agent}") for d in (out, cut))
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert _losses(cut, world)[1] == [ls[4:] for ls in got]
