@@ -84,6 +84,7 @@ def test_target_epsilon_picks_sigma(accountant):
     assert P.noise_multiplier(1.0, delta, q, steps, accountant) > sigma
 
 
+@pytest.mark.filterwarnings("ignore:Full backward hook is firing")  # opacus' hooks stay on the module
 def test_per_sample_grads_match_a_loop_of_single_backward_passes():
     torch.manual_seed(0)
     module = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 3))
@@ -151,6 +152,7 @@ def _programs(sc, wrap=None, codec=None):
     return [wrap(r, g, learners[r]) if wrap else g for r, g in enumerate(gens)], learners
 
 
+@pytest.mark.filterwarnings("ignore:Optimal order is the largest alpha")  # sigma 50: epsilon is tiny anyway
 def test_noise_is_added_before_compression():
     """The codec compresses exactly the noised gradient the DP step left behind, and
     nothing touches the gradient between compression and the optimizer step."""

@@ -10,6 +10,10 @@ is cut into rounds of ``communication.interval`` steps. A round:
    Every ``share_every`` steps agents of one architecture average gradients (AllReduce,
    or the codec's exchange when ``communication.codec`` is set), for as many steps as
    every member of the group takes this round, so the collectives always pair up.
+   With ``cooperation.privacy`` every step's gradient is DP-SGD's, noised by the agent
+   before the codec sees it (:mod:`oresearcher.privacy`); with ``cooperation.replay``
+   every ``sync_every`` steps (as many as every agent takes) one AllGather shares new rows
+   and priorities of the group's replay pool (:mod:`oresearcher.replay_sharing`).
 2. AllGather of every agent's flat parameters (zero-padded to the largest model, so
    architectures can differ): one message serves the validators and the fusion.
 3. Validators evaluate every agent on held-out data (``learner.evaluate_params``) and
@@ -32,7 +36,8 @@ Its StepDone is marked as nominal step ``sum(rounds[:r+1]) - 1`` -- the same on 
 rank although agents take different numbers of local steps -- and a checkpoint due
 mid-round is written at the end of that round. Registered state: "group" (roles, lr
 multipliers, reward history), "allocation", "swa", "outer", "loop" (next round, this
-rank's StepDone counter, the next round's planned steps) and the codec.
+rank's StepDone counter, the next round's planned steps), the codec, "privacy" (noise
+generator, steps accounted) and "replay" (this agent's replica of the pool).
 
 What the program asks of a learner beyond the Learner interface (all optional; shape
 mode and foreign tasks fall back to training-loss scores): ``evaluate_params(flat, arch)``

@@ -226,7 +226,10 @@ class DigitsLearner(TorchLearner):
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         if "data" in state:  # checkpoints from before the data stream was saved lack it
-            self.batches.load_state_dict(state["data"])
+            data = state["data"]
+            if "inner" in data and not hasattr(self.batches, "inner"):  # saved with the hard-example
+                self._hard_state, data = data, data["inner"]  # stream, which the program attaches later
+            self.batches.load_state_dict(data)
         self.set_peers([(p["arch"], p["flat"]) for p in state.get("peers", [])])
 
     # ---- the reward-shaped loss -----------------------------------------------------
@@ -303,6 +306,8 @@ class DigitsLearner(TorchLearner):
 
         self.shared_replay = shared
         self.batches = HardExamples(self.batches, shared, self.hard_fraction, seed=shared.rank * 7_919 + 11)
+        if getattr(self, "_hard_state", None):  # a resumed run: the stream's own generator too
+            self.batches.g.set_state(self._hard_state["generator"])
 
     def arch_numel(self, arch: str) -> int:
         return sum(p.numel() for p in self._module_for(arch).parameters())
