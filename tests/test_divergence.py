@@ -166,3 +166,11 @@ def test_cooperative_stop_names_rank_and_step():
     sc = load_scenario(DIGITS, ["training.steps=12", "communication.interval=6", "training.on_divergence=stop"])
     with pytest.raises(D.Diverged, match=r"^rank 3 diverged at step \d+: non-finite gradient"):
         _run(sc, {3: [2]})
+
+
+@pytest.mark.parametrize("strategy", ["local_sgd", "single"])
+def test_an_agent_alone_goes_on_from_its_last_good_state(strategy):
+    sc = _scenario(strategy, "training.on_divergence=skip", n=1)
+    steps, (a,) = _run(sc, {0: [4]})
+    assert [s.metrics.get("diverged") for s in steps[0]] == [None] * 4 + [1.0] + [None] * 4
+    assert a.calls == 9 and bool(torch.isfinite(a.flat_params()).all())

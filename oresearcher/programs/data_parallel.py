@@ -133,8 +133,10 @@ def _periodic(ctx, learner, outer):
             metrics = yield from local_step(learner, ctx, guard, step)
         if (step + 1) % H == 0 and ctx.world_size > 1:
             yield from average_params(ctx, learner, outer, guard, step)
-            if guard.policy == "skip":
-                yield Compute(guard.snapshot, learner, name="snapshot")
+        if ctx.world_size == 1:
+            guard.out = False  # alone: no average to wait for; it goes on from the restored state
+        if (step + 1) % H == 0 and guard.policy == "skip":  # the last good state
+            yield Compute(guard.snapshot, learner, name="snapshot")
         if ctx.should_eval(step):
             metrics.update((yield Compute(learner.evaluate, name="evaluate")))
         ctx.mark_boundary(step)
