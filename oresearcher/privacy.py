@@ -143,6 +143,7 @@ def hooked_per_sample_grads(module: torch.nn.Module, loss_fn: Callable, batch) -
     ``loss_fn(module, batch)`` must be a mean over the samples. None if opacus refuses it."""
     if grad_sample_module(module) is None:
         return None
+    module.train()  # opacus' hooks record activations in training mode only
     named = [p for p in module.parameters() if p.requires_grad]
     for p in named:
         p.grad, p.grad_sample = None, None

@@ -102,6 +102,22 @@ def test_per_sample_grads_match_a_loop_of_single_backward_passes():
         assert torch.allclose(grads[i], ref, atol=1e-6) and float(losses[i]) == pytest.approx(float(loss.detach()))
 
 
+@pytest.mark.filterwarnings("ignore:Full backward hook is firing")
+def test_hooks_and_vmap_agree_on_a_convolutional_model_left_in_eval_mode():
+    from oresearcher.tasks.digits import build_model
+
+    mods = []
+    for _ in range(2):
+        torch.manual_seed(4)
+        mods.append(build_model("cnn"))
+    mods[0].eval()  # after an evaluation: the hooks must still see this step's activations
+    x, y = torch.rand(6, 64), torch.randint(10, (6,))
+    loss_fn = lambda m, b: F.cross_entropy(m(b[0]), b[1])  # noqa: E731
+    hooked, _ = P.hooked_per_sample_grads(mods[0], loss_fn, (x, y))
+    ref, _ = P.per_sample_grads(mods[1], loss_fn, (x, y))
+    assert torch.allclose(hooked, ref, atol=1e-6)
+
+
 def test_a_model_opacus_refuses_falls_back_to_vmap():
     module = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 2))
     assert P.grad_sample_module(module) is None  # BatchNorm mixes samples
