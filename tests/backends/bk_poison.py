@@ -1,6 +1,6 @@
 """bk_tiny's learner, made non-finite on one rank at one step (divergence tests).
 
-POISON_RANK and POISON_STEP (environment) say where: the gradients of that rank's
+POISON_RANK ("all": every rank) and POISON_STEP (environment) say where: the gradients of that rank's
 forward/backward call number POISON_STEP (0-based) are NaN.
 """
 from __future__ import annotations
@@ -15,7 +15,8 @@ from bk_tiny import make_learner
 
 def make_nan_learner(scenario, rank, *, mode="real", device="cpu"):
     learner = make_learner(scenario, rank, mode=mode, device=device)
-    if rank != int(os.environ.get("POISON_RANK", "1")):
+    who = os.environ.get("POISON_RANK", "1")
+    if who != "all" and rank != int(who):
         return learner
     at, calls, fb = int(os.environ.get("POISON_STEP", "3")), [0], learner.forward_backward
 

@@ -2,7 +2,8 @@
 
 Policy stop: the run ends with one line naming the rank and the step, before the NaN is
 shared (rank 0 never applies it). Policy skip: the run finishes, the step's average is
-over the healthy rank, both ranks end with the same finite parameters."""
+over the healthy rank, both ranks end with the same finite parameters; with every rank's
+gradient NaN the run stops with one summary line and exit code 2."""
 from __future__ import annotations
 
 import json
@@ -18,12 +19,12 @@ RUN = [sys.executable, "-m", "oresearcher.run", "--no-tensorboard", "--no-progre
        "--log-level", "WARNING", "--learner", "bk_poison:make_nan_learner"]
 
 
-def _run(tmp_path, env, policy):
+def _run(tmp_path, env, policy, who="1"):
     sc = write_scenario(tmp_path / f"{policy}.yaml", training={"steps": 6, "checkpoint_every": 6,
                                                                "on_divergence": policy})
-    out = tmp_path / policy
+    out = tmp_path / f"{policy}-{who}"
     p = subprocess.run([*RUN, "--scenario", str(sc), "--out", str(out)], cwd=REPO, capture_output=True, text=True,
-                       timeout=120, env=dict(env, POISON_RANK="1", POISON_STEP="3"))
+                       timeout=120, env=dict(env, POISON_RANK=who, POISON_STEP="3"))
     return p, out
 
 
@@ -41,3 +42,9 @@ def test_gloo_stop_is_one_line_and_skip_leaves_the_rank_out(tmp_path, child_env)
         assert torch.equal(v, params[1][k]) and bool(torch.isfinite(v).all())
     rep = json.loads((out / "report.json").read_text())
     assert rep["final_metrics"]["diverged"] == 1.0  # rank 1 only: the metric's mean over ranks of their last value
+
+    p, out = _run(tmp_path, child_env, "skip", who="all")  # nothing healthy left: rank 0 says so, once
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    lines = [x for x in p.stderr.splitlines() if x.startswith("error:")]
+    assert lines == ["error: every agent is excluded at step 3: all 2 ranks had non-finite gradients; nothing "
+                     "healthy is left to train from (training.lr=0.1: lower it, or resume from an earlier checkpoint)"]
