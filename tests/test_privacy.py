@@ -216,6 +216,12 @@ def test_simulator_runs_the_private_program_as_the_reference_does():
         assert last["noise_multiplier"] == 1.0
     rounds = [m for m in report["metrics"]["0"] if "epsilon" in m]
     assert len(rounds) == 2 and rounds[0]["epsilon"] < rounds[1]["epsilon"]
+    from oresearcher.console import console, print_report
+
+    with console.capture() as out:  # the report table says what each agent spent
+        print_report(report, "t")
+    spent = ", ".join(f"{report['metrics'][str(r)][-1]['epsilon']:.3g}" for r in range(4))
+    assert f"privacy: epsilon per agent {spent} at delta 1e-05" in out.get()
 
 
 def test_private_steps_are_charged_for_per_sample_work():
