@@ -19,7 +19,10 @@ t_c (recomputed), the restart delay D and reading the checkpoint back R = bytes 
 storage bandwidth (0 without a checkpoint: the run starts again). Redone work takes what it
 took the first time, so the run's end moves by exactly ``P = (t_f - t_c) + D + R``; each
 rank inserts P at its first StepDone at or after t_f (a "fault" span on its timeline),
-which gives the same end time as stopping at t_f and replaying. ``continue``: the other
+which gives the same end time as stopping at t_f and replaying. The job goes on at one
+time (the first rank's StepDone + P; a rank that gets to its StepDone later pauses only
+until then), so this is exact where ranks end their steps together (DDP, FSDP) and
+otherwise off by at most the ranks' spread at that moment (less than a step). ``continue``: the other
 agents go on; the lost rank is still simulated (the programs' collectives must pair) but
 its work after t_f counts as lost, ``(end - t_f) / world`` of the cluster's time; the
 survivors' step time is taken as unchanged (a group one rank smaller; documented
@@ -140,6 +143,7 @@ class _Failure:
     rank: int
     action: str
     loss: dict | None = None  # restart: fixed by the first rank to pass it
+    resume_at: float = 0.0  # when the restarted job goes on: the first rank's time + the loss
     applied: set = field(default_factory=set)  # ranks that paused for it
 
 
@@ -187,8 +191,11 @@ class FaultPlan:
             f.applied.add(rank)
             if f.loss is None:
                 f.loss = self._restart_loss(f.at_s)
+                f.resume_at = env.now + f.loss["time_lost_s"]
+            if env.now >= f.resume_at:  # it was held up behind the ranks that paused already
+                continue
             start = env.now
-            yield env.timeout(f.loss["time_lost_s"])
+            yield env.timeout(f.resume_at - env.now)
             self._back = max(self._back, env.now)
             tl.record(rank, "fault", f"restart: rank {f.rank} lost at {f.at_s:.1f} s", start, env.now)
         boundary = self._boundary(rank, step)

@@ -80,6 +80,28 @@ def test_restart_from_the_last_checkpoint_golden_and_the_pure_replay_agree():
     assert 9 / total == pytest.approx(9 / 14.5)
 
 
+def test_a_restart_is_one_pause_for_the_job_even_when_ranks_end_steps_apart():
+    """Rank 1 ends its steps 0.5 s before rank 0 (each step: compute, StepDone, barrier).
+    A failure at 0.4 s with D = 2 s: P = 0.4 + 2 = 2.4 s, taken from rank 1's StepDone at
+    0.5 s; rank 0 (at 1.0 s) waits until 2.9 s, not a second P. The run ends P late, less
+    at most the 0.5 s spread."""
+    def prog(rank, steps):
+        for s in range(steps):
+            yield O.Compute(flops=(1.0 if rank == 0 else 0.5) * RATE)
+            yield O.StepDone(s)
+            yield O.Barrier()
+
+    def end_of(spec):
+        eng = Engine(topo(2), DEVICE, "fp32", "ring", Timeline(2))
+        if spec:
+            eng.faults = F.FaultPlan(FaultsSpec.model_validate(spec), 2, 3, 0, 0.0, 1.0, seed=0)
+        tl = eng.run([prog(r, 3) for r in range(2)])
+        return max(tl.step_ends[r][-1] for r in range(2))
+
+    late = end_of({"failures": [{"at_s": 0.4}], "restart_delay_s": 2.0}) - end_of(None)
+    assert 2.4 - 0.5 - 1e-9 <= late <= 2.4 + 1e-9
+
+
 def test_a_failure_during_a_checkpoint_write_rolls_back_to_the_one_before():
     # the save of step 2 runs 3.0..3.5; a failure at 3.2 finds no complete checkpoint
     end, tl, plan = _run(2, 6, 1.0, spec={"failures": [{"at_s": 3.2}], "restart_delay_s": 1.0},
