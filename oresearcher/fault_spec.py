@@ -12,6 +12,7 @@ number has a finite range). Units: seconds (``_s``), ratios (``factor``).
       failures:                         # a rank (its GPU or node) is lost at a time
         - {at_s: 120, rank: 2, action: restart}   # all ranks restart from the last checkpoint
         - {at_s: 300, rank: 5, action: continue}  # the others go on without it
+        - {at_s: 500, rank: 8, scope: node, action: continue}   # rank 8's whole node
       mtbf_s: 3600                      # and/or random job failures, exponential, seeded (restart)
       restart_delay_s: 60               # detection + rescheduling + process start, before the restore
 
@@ -71,7 +72,8 @@ class LinkSpec(_Strict):
 
 class FailureSpec(_Strict):
     at_s: Seconds = Field(description="when the rank is lost, simulated seconds")
-    rank: Int = Field(0, ge=0, lt=MAX_WORLD, description="the lost rank (its GPU, or its node)")
+    rank: Int = Field(0, ge=0, lt=MAX_WORLD, description="the lost rank (its GPU), or a rank of the lost node")
+    scope: Literal["gpu", "node"] = Field("gpu", description="gpu: that rank alone; node: every rank of its node")
     action: Literal["restart", "continue"] = Field(
         "restart", description="restart: every rank restarts from the last complete checkpoint after "
         "restart_delay_s; continue: the others go on without it (oresearcher, local_sgd, diloco, single)")

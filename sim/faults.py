@@ -142,6 +142,7 @@ class _Failure:
     at_s: float
     rank: int
     action: str
+    scope: str = "gpu"
     loss: dict | None = None  # restart: fixed by the first rank to pass it
     resume_at: float = 0.0  # when the restarted job goes on: the first rank's time + the loss
     applied: set = field(default_factory=set)  # ranks that paused for it
@@ -151,14 +152,16 @@ class FaultPlan:
     """The engine's view of one scenario's faults (see the module docstring)."""
 
     def __init__(self, spec, world: int, steps: int, every: int, checkpoint_bytes: float,
-                 storage_Bps: float, seed: int, ctxs=None):
+                 storage_Bps: float, seed: int, ctxs=None, gpus_per_node: int | None = None):
         self.spec, self.world, self.steps, self.every = spec, world, steps, every
+        self.gpus_per_node = gpus_per_node or world
         self.checkpoint_bytes, self.storage_Bps = float(checkpoint_bytes), float(storage_Bps)
         self.checkpoint_s = self.checkpoint_bytes / self.storage_Bps
         self.factors = straggler_factors(spec.stragglers, world, seed)
         self.links = list(spec.links)
         self.ctxs = ctxs
-        self.failures = sorted((_Failure(f.at_s, f.rank, f.action) for f in spec.failures), key=lambda f: f.at_s)
+        self.failures = sorted((_Failure(f.at_s, f.rank, f.action, f.scope) for f in spec.failures),
+                               key=lambda f: f.at_s)
         # random job failures, drawn as simulated time reaches them (the same stream as failure_times)
         self._gaps = np.random.default_rng([int(seed), 104729]) if spec.mtbf_s else None
         self._who = np.random.default_rng([int(seed), 15485863])
@@ -210,6 +213,13 @@ class FaultPlan:
         if boundary is not None:
             self._prev[rank] = boundary
 
+    def lost_ranks(self, f) -> list[int]:
+        """The ranks a failure takes: its GPU's, or every rank of its node."""
+        if f.scope != "node":
+            return [f.rank]
+        first = f.rank // self.gpus_per_node * self.gpus_per_node
+        return list(range(first, min(first + self.gpus_per_node, self.world)))
+
     def _mark(self, tl) -> None:
         """Straggler and link-window spans, recorded at the first StepDone so a timeline that
         keeps only its first spans still has them; their ends are fixed by :meth:`finish`."""
@@ -257,11 +267,16 @@ class FaultPlan:
             if f.action == "restart" and f.loss is not None:
                 ends = tl.step_ends.get(0, []) if hasattr(tl.step_ends, "get") else tl.step_ends[0]
                 redone = sum(1 for t in ends if f.loss["rollback_to_s"] < t <= f.at_s)
-                out.append(dict(f.loss, at_s=f.at_s, rank=f.rank, action="restart", steps_recomputed=redone))
+                out.append(dict(f.loss, at_s=f.at_s, rank=f.rank, scope=f.scope, action="restart",
+                                steps_recomputed=redone))
             elif f.action == "continue" and f.at_s < end_s:
-                tl.record(f.rank, "fault", f"rank {f.rank} lost (the others continue)", f.at_s, end_s)
-                out.append({"at_s": f.at_s, "rank": f.rank, "action": "continue", "recomputed_s": 0.0,
-                            "agent_time_lost_s": end_s - f.at_s, "time_lost_s": (end_s - f.at_s) / self.world})
+                lost = self.lost_ranks(f)
+                for r in lost:
+                    tl.record(r, "fault", f"rank {r} lost (the others continue)", f.at_s, end_s)
+                agent_s = (end_s - f.at_s) * len(lost)
+                out.append({"at_s": f.at_s, "rank": f.rank, "scope": f.scope, "ranks_lost": len(lost),
+                            "action": "continue", "recomputed_s": 0.0, "agent_time_lost_s": agent_s,
+                            "time_lost_s": agent_s / self.world})
         return out
 
 
@@ -287,7 +302,7 @@ def fault_plan(scenario, device, ctxs, learner, memory) -> FaultPlan | None:
     seed = scenario.seed if spec.seed is None else spec.seed
     bw = float(getattr(device, "storage_bandwidth_GBps", 2.0)) * GB
     return FaultPlan(spec, scenario.world_size, scenario.training.steps, scenario.training.checkpoint_every,
-                     checkpoint_bytes(scenario, learner, memory()), bw, seed, ctxs)
+                     checkpoint_bytes(scenario, learner, memory()), bw, seed, ctxs, scenario.cluster.gpus_per_node)
 
 
 def variant(scenario, keep: tuple = ()):
@@ -365,9 +380,10 @@ def faults_table(f: dict):
     if f["links"]["windows"]:
         t.add_row("  link windows together", f"{f['links']['time_lost_s']:,.2f} s", "")
     for x in f["failures"]:
-        what = (f"rank {x['rank']} lost at {x['at_s']:,.1f} s: restart (delay {x['restart_s']:g} s, restore "
+        who = f"node of rank {x['rank']}" if x.get("scope") == "node" else f"rank {x['rank']}"
+        what = (f"{who} lost at {x['at_s']:,.1f} s: restart (delay {x['restart_s']:g} s, restore "
                 f"{x['restore_s']:,.2f} s)" if x["action"] == "restart" else
-                f"rank {x['rank']} lost at {x['at_s']:,.1f} s: the others continue")
+                f"{who} lost at {x['at_s']:,.1f} s: the others continue")
         t.add_row(what, f"{x['time_lost_s']:,.2f} s",
                   f"{x['recomputed_s']:,.2f} s ({x.get('steps_recomputed', 0)} steps)" if x["action"] == "restart" else "")
     t.add_row("total (fault-free -> with faults)", f"{f['time_fault_free_s']:,.1f} s -> {f['time_total_s']:,.1f} s",

@@ -120,6 +120,18 @@ def test_continue_counts_the_lost_agents_time():
     assert any(s.cat == "fault" and s.rank == 3 and s.start == 4.0 for s in tl.spans)
 
 
+def test_a_lost_node_takes_all_its_ranks():
+    """8 ranks, 4 per node; the node of rank 5 (ranks 4-7) lost at 4 s of a 10 s run, the
+    others continue: (10 - 4) x 4 agent-seconds, (10 - 4) x 4 / 8 = 3 s of the cluster's time."""
+    spec = FaultsSpec.model_validate({"failures": [{"at_s": 4.0, "rank": 5, "scope": "node", "action": "continue"}]})
+    eng = Engine(topo(8), DEVICE, "fp32", "ring", Timeline(8))
+    eng.faults = plan = F.FaultPlan(spec, 8, 10, 0, 0.0, 1.0, seed=0, gpus_per_node=4)
+    tl = eng.run([_program(r, 10, 1.0) for r in range(8)])
+    (fail,) = plan.finish(tl, 10.0)
+    assert fail["ranks_lost"] == 4 and fail["time_lost_s"] == pytest.approx(3.0)
+    assert sorted(s.rank for s in tl.spans if s.cat == "fault") == [4, 5, 6, 7]
+
+
 def test_link_window_slows_only_flows_started_inside_it():
     base, _, _ = _run(4, 3, 0.01, 10**7)
     late, _, _ = _run(4, 3, 0.01, 10**7, {"links": [{"start_s": 100.0, "duration_s": 1.0, "bandwidth_factor": 0.5}]})
