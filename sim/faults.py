@@ -370,7 +370,7 @@ def faults_table(f: dict):
     for col in ("fault", "time lost", "recomputed"):
         t.add_column(col, justify="left" if col == "fault" else "right")
     c = f["checkpoints"]
-    t.add_row(f"{c['count']} checkpoints ({c['bytes_per_rank'] / GB:,.1f} GB at {c['storage_bandwidth_GBps']:g} "
+    t.add_row(f"{c['count']} checkpoint{'' if c['count'] == 1 else 's'} ({c['bytes_per_rank'] / GB:,.1f} GB at {c['storage_bandwidth_GBps']:g} "
               f"GB/s: {c['seconds_each']:,.2f} s each)", f"{c['time_lost_s']:,.2f} s", "")
     slow = [x for x in f["stragglers"]["factors"] if x != 1.0]
     if slow:
