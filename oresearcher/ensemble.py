@@ -53,7 +53,7 @@ class EnsembleState:
     ``cooperation.ensemble``); ``fits`` counts rounds fitted (it seeds the agent dropout)."""
 
     def __init__(self, n_agents: int, width: int, *, d_model: int = 16, n_heads: int = 8, epochs: int = 50,
-                 lr: float = 0.01, seed: int = 0):
+                 lr: float = 0.03, seed: int = 0):
         self.n, self.width, self.d_model, self.n_heads = n_agents, width, d_model, n_heads
         self.epochs, self.lr, self.seed, self.fits = epochs, lr, seed, 0
         self.model = self._fresh()

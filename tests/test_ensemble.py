@@ -7,6 +7,7 @@ state resumes exactly, alone and inside the cooperative program.
 import io
 from pathlib import Path
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -120,3 +121,11 @@ def test_program_checkpoints_the_ensemble_and_resumes_bit_identically():
     # every rank fitted the same ensemble from the same gathered numbers
     ref = ctxs[0].state["ensemble"].model.state_dict()
     assert all(torch.equal(ref[k], c.state["ensemble"].model.state_dict()[k]) for c in ctxs[1:] for k in ref)
+
+
+def test_heads_must_divide_the_width_one_line():
+    from oresearcher.errors import UserError
+
+    with pytest.raises(UserError) as e:
+        load_scenario(HETERO, ["cooperation.ensemble.d_model=12"])
+    assert "\n" not in str(e.value) and "multiple of heads" in str(e.value)
