@@ -290,6 +290,7 @@ def _train(scenario, opts: RunOptions, rank, world, device, store, prefix, monit
     tl = Timeline(world, keep_spans=max(1000, 200_000 // world))  # rank 0 merges them all
     dist.barrier()  # a common start: every rank's clock reads 0 here (within the barrier's skew)
     clock = make_clock()
+    ctx.clock = clock  # programs that time themselves (communication.budget) read the same clock
     interp = Interpreter(rank, world, device=device, timeline=tl, clock=clock, backend=opts.backend,
                          on_step=on_step, autocast=_autocast(scenario, learner, device),
                          record_functions=opts.profile)

@@ -146,6 +146,7 @@ class BudgetState:
 
     budget: float
     rung: int = 0
+    k: list = field(default_factory=list)  # this round's local steps between shares, per agent
     last_tighten: int = -10**9
     history: list = field(default_factory=list)  # Observations, most recent last (kept short)
     decisions: list = field(default_factory=list)  # (round, rung, reason)
@@ -155,12 +156,12 @@ class BudgetState:
         self.history = (self.history + [obs])[-self.keep:]
 
     def state_dict(self) -> dict:
-        return {"budget": self.budget, "rung": self.rung, "last_tighten": self.last_tighten,
+        return {"budget": self.budget, "rung": self.rung, "k": list(self.k), "last_tighten": self.last_tighten,
                 "history": [vars(o).copy() for o in self.history], "decisions": [list(d) for d in self.decisions]}
 
     def load_state_dict(self, state: dict) -> None:
         self.budget, self.rung = float(state["budget"]), int(state["rung"])
-        self.last_tighten = int(state["last_tighten"])
+        self.k, self.last_tighten = [int(x) for x in state["k"]], int(state["last_tighten"])
         self.history = [Observation(**o) for o in state["history"]]
         self.decisions = [tuple(d) for d in state["decisions"]]
 

@@ -171,6 +171,9 @@ class CommunicationSpec(Strict):
     bucket_size_MB: Float = Field(25.0, gt=0, le=1e5, description="gradient bucket size, MB (10^6 bytes)")
     overlap: bool = Field(True, description="overlap bucketed communication with backward compute")
     algorithm: Literal[ALGORITHMS] = Field("auto", description="collective algorithm; auto picks the fastest")
+    budget: Optional[Float] = Field(None, gt=0, lt=1, description="oresearcher strategy: keep exposed communication "
+                                    "under this fraction of step time (oresearcher.budget; e.g. 0.083); "
+                                    "absent: share every share_every steps with the fixed codec")
 
     @field_validator("codec")
     @classmethod

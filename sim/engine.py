@@ -84,6 +84,11 @@ class Engine:
         self.on_step = None  # callback(rank, step) for progress bars
         self.ops_done = 0  # ops interpreted, for events-per-second figures
         self.faults = None  # a sim/faults.py FaultPlan: stragglers, link windows, checkpoints, failures
+        self.owed = [0.0] * self.world_size  # per rank: compute time not yet paid (see _rank)
+
+    def now(self, rank: int) -> float:
+        """Rank's own clock: simulated time including the compute it owes lazily."""
+        return self.env.now + self.owed[rank]
 
     # -- public -----------------------------------------------------------------
     def run(self, programs) -> Timeline:
@@ -135,11 +140,12 @@ class Engine:
                     dur *= slow
                 start = env.now + owed
                 owed += dur
+                self.owed[rank] = owed
                 tl.record(rank, "compute", op.name, start, start + dur)
                 continue
             if owed:
                 yield env.timeout(owed)
-                owed = 0.0
+                owed = self.owed[rank] = 0.0
             if isinstance(op, Collective):
                 inst = self._arrive(rank, op, op.kind, *self._group(op.group))
                 if op.async_op:

@@ -127,6 +127,8 @@ def simulate(scenario: Scenario, *, mode: str | None = None, on_step=None, keep_
     engine = Engine(topo, device, scenario.workload.dtype, scenario.communication.algorithm,
                     Timeline(n, keep_spans=keep_spans), seed=scenario.seed, pricing=compute_pricing(scenario, device))
     engine.on_step = on_step
+    for c in ctxs:  # programs that time themselves (communication.budget) read simulated seconds
+        c.clock = (lambda r: lambda: engine.now(r))(c.rank)
     engine.faults = fault_plan(scenario, device, ctxs, learners[0], lambda: memory_report(scenario, device))
     tl = engine.run([program(c, l) for c, l in zip(ctxs, learners)])
     extra = {

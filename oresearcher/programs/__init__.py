@@ -59,6 +59,7 @@ class AgentContext:
     restored: dict = field(default_factory=dict)  # name -> state_dict saved by a checkpoint
     state: dict = field(default_factory=dict)  # name -> State object the program registered
     boundary: Optional[int] = None  # nominal step of the last resumable StepDone (mark_boundary)
+    clock: Optional[Callable[[], float]] = None  # the backend's seconds (sim: simulated); None: no clock
     _codec: object = None
 
     def register(self, name: str, obj):

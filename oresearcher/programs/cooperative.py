@@ -61,6 +61,7 @@ from .. import privacy as P
 from .. import replay_sharing as RS
 from .. import roles as R
 from ..allocation import AllocationState
+from ..budget_round import BudgetRun
 from ..codecs.collectives import two_phase_allreduce
 from ..fusion import HeterogeneousEnsemble, fuse, group_weights
 from ..ops import AllGather, AllReduce, Compute, StepDone
@@ -151,7 +152,7 @@ def _role_lr(cfg, role: str, lr_mult: float, base_lr: float) -> float:
 
 # ---- the pieces of a round (generators of ops) ----------------------------------------
 
-def train_step(ctx, learner, role, cfg, share_group, share, codec, privacy=None, step=0):
+def train_step(ctx, learner, role, cfg, share_group, share, codec, privacy=None, step=0, timer=None):
     """One local step of ``role``; gradients averaged over ``share_group`` if ``share``.
     With ``privacy`` every step's gradient is DP-SGD's (oresearcher.privacy), noised
     before the codec compresses it. ``training.on_divergence: stop`` checks the loss and
@@ -169,6 +170,8 @@ def train_step(ctx, learner, role, cfg, share_group, share, codec, privacy=None,
         if what:
             raise D.Diverged(D.diverged_message(ctx.rank, step, what, ctx.scenario.training.lr))
     if share:
+        if timer is not None:  # communication.budget: time blocked at the share
+            timer.begin_share()
         buckets = yield Compute(_finite_buckets, learner, name="pack")
         reduced = []
         for i, b in enumerate(buckets):
@@ -179,6 +182,8 @@ def train_step(ctx, learner, role, cfg, share_group, share, codec, privacy=None,
                 reduced.append((yield from two_phase_allreduce(codec, b, rank=ctx.rank, group=share_group,
                                                                world_size=ctx.world_size, key=f"grad{i}",
                                                                average=True)))
+        if timer is not None:
+            timer.end_share()
         yield Compute(learner.apply_grads, reduced, name="optimizer")
     else:
         yield Compute(learner.optimizer_step, name="optimizer")
@@ -277,6 +282,7 @@ def cooperative(ctx, learner):
     privacy = _privacy(ctx, learner) if cfg.privacy.enabled else None
     replay = _replay(ctx, learner) if cfg.replay.enabled else None
     loop = ctx.register("loop", LoopState())
+    budget = BudgetRun(ctx, costs) if sc.communication.budget is not None else None  # oresearcher.budget
     if cfg.ensemble.train and ctx.numeric and hasattr(learner, "heldout_labels"):  # fitted every round
         ctx.register("ensemble", E.from_scenario(sc, learner.n_classes))
     if "loop" in ctx.restored:
@@ -300,10 +306,17 @@ def cooperative(ctx, learner):
         if replay is not None and cfg.replay.apex_epsilon and hasattr(learner, "set_fixed_epsilon"):
             learner.set_fixed_epsilon(RS.apex_epsilons(st.roles)[rank])
         losses, metrics = [], {}
+        if budget is not None:
+            budget.plan(steps_now, members)
         for s in range(my_steps):
             share = (sc.communication.gradient_sharing and len(members) > 1 and s < shared_steps
                      and s % sc.communication.share_every == 0)
-            metrics = yield from train_step(ctx, learner, role, cfg, share_group, share, codec, privacy, step)
+            if budget is None:
+                metrics = yield from train_step(ctx, learner, role, cfg, share_group, share, codec, privacy, step)
+            else:  # time-balanced sharing and the rung's codec
+                share = sc.communication.gradient_sharing and len(members) > 1 and budget.share_at(s)
+                metrics = yield from train_step(ctx, learner, role, cfg, share_group, share, budget.codec, privacy,
+                                                step, timer=budget.timer)
             losses.append(metrics.get("loss", float("nan")))
             if replay is not None and s < world_steps and (s + 1) % cfg.replay.sync_every == 0:
                 yield from RS.share(replay, replay.message_numel)
@@ -314,9 +327,14 @@ def cooperative(ctx, learner):
                 yield StepDone(step, metrics)
                 step += 1
         progress = (rnd + 1) / len(rounds)
+        if budget is not None:
+            budget.timer.local_done()
         info, steps_next = yield from _round_end(ctx, learner, st, alloc, outer, swa, ids, pad_to, losses, progress,
                                                  units=n * rounds[rnd + 1] if rnd + 1 < len(rounds) else 0)
         metrics.update(info)
+        if budget is not None and rnd + 1 < len(rounds):  # decide the next round on gathered timings
+            budget.timer.sync_done()
+            metrics.update((yield from budget.end_round(rnd, my_steps)))
         if privacy is not None:  # per agent, at the scenario's delta (report and TensorBoard)
             metrics.update(epsilon=privacy.epsilon(), noise_multiplier=privacy.sigma)
         if rnd == len(rounds) - 1:
