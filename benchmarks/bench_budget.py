@@ -11,7 +11,9 @@ waiting for slower peers and wire bytes, as ``python -m oresearcher.sim`` report
 
 Quality (numeric mode in the simulator, ``scenarios/digits-4.yaml``, 200 steps, seeds
 0-2): the same fixed intervals and the controller at the same budget; final test
-accuracy (mean of the 4 agents, then mean +- std over seeds), overhead and bytes.
+accuracy (mean of the 4 agents, then mean +- std over seeds), overhead and bytes; once
+with the shipped SWA optimizers, once with SAM optimizers (two passes a step: the
+reference's imbalance).
 The figure (``--plot``): overhead and wire bytes per configuration, both parts.
 """
 from __future__ import annotations
@@ -66,8 +68,8 @@ def cost_table(rows: dict, steps: int) -> Table:
     return t
 
 
-def quality_table(rows: dict, seeds: list[int]) -> Table:
-    t = Table(title=f"digits-4 (numeric mode, 200 steps, seeds {seeds}): final test accuracy")
+def quality_table(rows: dict, seeds: list[int], method: str) -> Table:
+    t = Table(title=f"digits-4, {method} optimizers (numeric mode, 200 steps, seeds {seeds}): final test accuracy")
     for c in ("configuration", "test accuracy", "overhead", "wire bytes / step"):
         t.add_column(c, justify="left" if c == "configuration" else "right")
     for name, r in rows.items():
@@ -89,9 +91,12 @@ def plot(cost: dict, quality: dict, path: Path) -> None:
     axes[1].bar(names, [cost[n]["bytes"] / 1e9 for n in names], color="tab:blue")
     axes[1].set_ylabel("wire bytes per step and rank (GB)")
     axes[1].set_title("8xA100, shape mode")
-    q = list(quality)
-    axes[2].errorbar(range(len(q)), [quality[n]["acc"] for n in q], yerr=[quality[n]["acc_sd"] for n in q], fmt="o")
-    axes[2].set_xticks(range(len(q)), q)
+    for i, (method, rows) in enumerate(quality.items()):
+        q = list(rows)
+        axes[2].errorbar([x + 0.1 * i for x in range(len(q))], [rows[n]["acc"] for n in q],
+                         yerr=[rows[n]["acc_sd"] for n in q], fmt="o", label=f"{method.upper()} optimizers")
+        axes[2].set_xticks(range(len(q)), q)
+    axes[2].legend()
     axes[2].set_ylabel("final test accuracy (mean of agents)")
     axes[2].set_title("digits-4, numeric mode")
     for ax in axes:
@@ -112,8 +117,11 @@ def main() -> None:
     cost = {name: cost_row(sets, args.steps) for name, sets in configs(args.budget)}
     out.print(cost_table(cost, args.steps))
     seeds = list(range(args.seeds))
-    quality = {name: quality_row(sets, seeds) for name, sets in configs(args.budget)}
-    out.print(quality_table(quality, seeds))
+    quality = {}
+    for method in ("swa", "sam"):
+        quality[method] = {name: quality_row(sets + [f"cooperation.roles.optimizer_method={method}"], seeds)
+                           for name, sets in configs(args.budget)}
+        out.print(quality_table(quality[method], seeds, method.upper()))
     plot(cost, quality, args.plot)
     out.print(f"wrote {args.plot} ({time.perf_counter() - t0:.0f} s)")
 
