@@ -57,3 +57,15 @@ def test_reference_interpreter_without_clock_runs_numeric_digits():
 def test_budget_is_validated(bad):
     with pytest.raises(Exception, match="budget"):
         load_scenario("scenarios/digits-4.yaml", [f"communication.budget={bad}"])
+
+
+def test_resumed_agent_keeps_the_controllers_rung_and_k():
+    from oresearcher.budget_round import BudgetRun
+
+    sc = load_scenario("scenarios/cpu-tiny.yaml", TINY + ["communication.budget=0.005"])
+    first = AgentContext(0, 4, sc, mode="shape")
+    run = BudgetRun(first, lambda: [1, 1, 2, 1])
+    run.state.rung, run.state.k, run.state.last_tighten = 3, [4, 4, 2, 4], 2
+    saved = {name: obj.state_dict() for name, obj in first.state.items()}
+    again = BudgetRun(AgentContext(0, 4, sc, mode="shape", restored=saved), lambda: [1, 1, 2, 1])
+    assert again.state.state_dict() == run.state.state_dict()  # no fresh first-round decision
