@@ -55,7 +55,8 @@ def quality_row(sets: list[str], seeds: list[int]) -> dict:
         ovh.append(r["comm_overhead"])
         byt.append(r["wire_bytes_per_step"])
     sd = statistics.stdev(acc) if len(acc) > 1 else 0.0
-    return {"acc": statistics.fmean(acc), "acc_sd": sd, "overhead": statistics.fmean(ovh), "bytes": statistics.fmean(byt)}
+    return {"acc": statistics.fmean(acc), "acc_sd": sd, "overhead": statistics.fmean(ovh),
+            "bytes": statistics.fmean(byt)}
 
 
 def cost_table(rows: dict, steps: int) -> Table:
@@ -63,8 +64,8 @@ def cost_table(rows: dict, steps: int) -> Table:
     for c in ("configuration", "step time", "exposed", "waiting", "overhead", "wire bytes", "controller rungs"):
         t.add_column(c, justify="left" if c in ("configuration", "controller rungs") else "right")
     for name, r in rows.items():
-        t.add_row(name, f"{r['step_s'] * 1e3:,.1f} ms", f"{r['exposed_s'] * 1e3:,.1f} ms", f"{r['wait_s'] * 1e3:,.1f} ms",
-                  f"{r['overhead']:.2%}", f"{r['bytes'] / 1e9:.3f} GB", ", ".join(r["rungs"]) or "-")
+        ms = [f"{r[k] * 1e3:,.1f} ms" for k in ("step_s", "exposed_s", "wait_s")]
+        t.add_row(name, *ms, f"{r['overhead']:.2%}", f"{r['bytes'] / 1e9:.3f} GB", ", ".join(r["rungs"]) or "-")
     return t
 
 
