@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 
 from oresearcher import ops as O
-from oresearcher.report import Timeline
+from oresearcher.reporting.report import Timeline
 
 from .interpreter import Interpreter
 

@@ -20,7 +20,7 @@ dtype or in fp32 (``fsdp.reduce_dtype``). HSDP (``fsdp.shard_group_size`` < rank
 2-D DeviceMesh (replicate, shard). With ``fsdp.replicas: fusion`` each row of that mesh
 is an agent of its own: its model is sharded over the row's 1-D sub-mesh (no gradient
 all-reduce between agents), the program fuses the agents' local shards every
-``communication.interval`` steps (:mod:`oresearcher.sharded_fusion`), and each agent
+``communication.interval`` steps (:mod:`oresearcher.cooperation.sharded_fusion`), and each agent
 checkpoints its own DCP folder (``dcp-agent<a>``: the agents hold different models, which
 one DCP folder for the world would take for replicas and save once).
 

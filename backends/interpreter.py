@@ -1,11 +1,11 @@
 """The op interpreter of the real backend: each op of an agent program becomes a
-torch.distributed call, and every op is timed into a :class:`~oresearcher.report.Timeline`.
+torch.distributed call, and every op is timed into a :class:`~oresearcher.reporting.report.Timeline`.
 
 One :class:`Interpreter` runs one rank's program. Results follow the one definition in
 :func:`oresearcher.ops.collective_results`; differences from the simulator's numeric mode
 are limited to floating-point summation order (gloo reduces in ring order).
 
-Timing (what the report's figures are made of, see :mod:`oresearcher.report`):
+Timing (what the report's figures are made of, see :mod:`oresearcher.reporting.report`):
 
 - Compute: a "compute" span around ``fn``; on CUDA the compute stream is synchronised
   before the span closes so the span holds the kernels, not just their launch.
@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 
 from oresearcher import ops as O
-from oresearcher.report import Span, Timeline
+from oresearcher.reporting.report import Span, Timeline
 from oresearcher.wire import wire_bytes_per_rank
 
 log = logging.getLogger(__name__)

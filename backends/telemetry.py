@@ -124,7 +124,7 @@ class QuietProfiler:
 
 class Progress:
     """Progress over training steps on rank 0: a rich bar on a terminal, otherwise a line
-    every few seconds with steps/s and ETA (:class:`oresearcher.progress.ProgressLines`);
+    every few seconds with steps/s and ETA (:class:`oresearcher.reporting.progress.ProgressLines`);
     ``enabled=False``: nothing."""
 
     def __init__(self, total: int, start: int = 0, enabled: Optional[bool] = None):
@@ -132,7 +132,7 @@ class Progress:
         if enabled is False:
             return
         if not sys.stderr.isatty():
-            from oresearcher.progress import ProgressLines
+            from oresearcher.reporting.progress import ProgressLines
 
             self._lines = ProgressLines(total, "training steps", start=start)
             return

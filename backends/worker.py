@@ -35,9 +35,9 @@ from oresearcher.divergence import AllExcluded, Diverged
 from oresearcher.errors import UserError, cli_main, short
 from oresearcher.programs import AgentContext, get_program
 from oresearcher.programs.learner import DTYPES
-from oresearcher.report import Timeline, summarize, write_json
-from oresearcher.figures import write_run_figures
-from oresearcher.trace import write_trace
+from oresearcher.reporting.report import Timeline, summarize, write_json
+from oresearcher.reporting.figures import write_run_figures
+from oresearcher.reporting.trace import write_trace
 
 from . import checkpoint as ckpt
 from .interpreter import Interpreter, make_clock
@@ -337,11 +337,11 @@ def final_metrics(tl: Timeline) -> dict:
 
 
 def _distilled(learner, scenario, opts: RunOptions) -> dict:
-    """Rank 0, after a distillation phase: the comparison (oresearcher.distill) for the
+    """Rank 0, after a distillation phase: the comparison (oresearcher.cooperation.distill) for the
     report, and the export with ``--export``."""
     if getattr(learner, "distill_result", None) is None:
         return {}
-    from oresearcher import distill
+    from oresearcher.cooperation import distill
 
     section = distill.comparison(learner, scenario)
     if opts.export is not None:

@@ -5,7 +5,7 @@
 
 Cost (shape mode, ``scenarios/8xA100.yaml``, ``--steps`` steps, fusion every 100): the
 gradient shared every 1, 10, 100 or 1000 local steps (``communication.share_every``),
-against ``communication.budget`` (the controller of :mod:`oresearcher.budget`; the same
+against ``communication.budget`` (the controller of :mod:`oresearcher.cooperation.budget`; the same
 fusion rounds). Per step and rank: step time, exposed communication, overhead, time
 waiting for slower peers and wire bytes, as ``python -m oresearcher.sim`` reports them.
 

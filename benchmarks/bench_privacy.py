@@ -11,7 +11,7 @@ table shows sigma, the epsilon the agents actually spent (the allocator gives so
 agents more steps than others: the largest is shown), and test accuracy (mean of the 4
 agents, then mean +- std over seeds). Then the cost of one private step against a plain
 one on this machine, beside the factor the simulator charges
-(:func:`oresearcher.privacy.private_step_flops`).
+(:func:`oresearcher.cooperation.privacy.private_step_flops`).
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import time
 
 import torch
 
-from oresearcher import privacy as P
+from oresearcher.cooperation import privacy as P
 from oresearcher.programs import AgentContext, get_program
 from oresearcher.scenario import load_scenario
 from oresearcher.tasks import make_learner

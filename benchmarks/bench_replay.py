@@ -27,7 +27,7 @@ import time
 import numpy as np
 import torch
 
-from oresearcher.replay import PrioritizedReplay
+from oresearcher.cooperation.replay import PrioritizedReplay
 
 
 def median_us(fn, repeats: int) -> float:

@@ -16,7 +16,7 @@
     python -m oresearcher.run --resume runs/local-gloo/gloo --lr=0.01 --override
 
 Writes ``<out>/report.json`` (rank 0; the simulator's schema, see
-:mod:`oresearcher.report`), TensorBoard runs under ``<out>/tensorboard`` and, with
+:mod:`oresearcher.reporting.report`), TensorBoard runs under ``<out>/tensorboard`` and, with
 ``--checkpoint_every``, per-rank checkpoints under ``<out>/checkpoints``. Flags override
 the scenario's fields; ``--set path.to.field=value`` reaches any other field.
 """
@@ -31,7 +31,7 @@ from pathlib import Path
 
 import yaml
 
-from .console import print_report
+from .reporting.console import print_report
 from .errors import UserError
 from . import resume
 from .scenario import load_raw, load_scenario, output_dir, strategy_alias_error
@@ -355,7 +355,7 @@ def _outcome(result, out: Path, world: int) -> int:
                              f"{report['world_size']} ranks on {report['backend']}, {report['steps']} steps",
                      column="measured")
         if "distill" in report:
-            from .distill import comparison_lines
+            from .cooperation.distill import comparison_lines
 
             print("\n".join(comparison_lines(report["distill"])))
         log.info("done; report: %s", out / "report.json")

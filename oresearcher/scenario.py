@@ -172,7 +172,7 @@ class CommunicationSpec(Strict):
     overlap: bool = Field(True, description="overlap bucketed communication with backward compute")
     algorithm: Literal[ALGORITHMS] = Field("auto", description="collective algorithm; auto picks the fastest")
     budget: Optional[Float] = Field(None, gt=0, lt=1, description="oresearcher strategy: keep exposed communication "
-                                    "under this fraction of step time (oresearcher.budget; e.g. 0.083); "
+                                    "under this fraction of step time (oresearcher.cooperation.budget; e.g. 0.083); "
                                     "absent: share every share_every steps with the fixed codec")
 
     @field_validator("codec")
@@ -217,7 +217,7 @@ class SimulationSpec(Strict):
 
 
 class RolePolicySpec(Strict):
-    """Role policies of the cooperative program (oresearcher.roles)."""
+    """Role policies of the cooperative program (oresearcher.cooperation.roles)."""
 
     policy: Literal["dynamic", "static", "plain"] = Field(
         "dynamic", description="dynamic: re-assign roles after every fusion round; static: keep the "
@@ -236,7 +236,7 @@ class RolePolicySpec(Strict):
 
 
 class FusionSpec(Strict):
-    """Fusion rounds (oresearcher.fusion)."""
+    """Fusion rounds (oresearcher.cooperation.fusion)."""
 
     method: Literal["attention", "average"] = Field("attention", description="attention-weighted or plain average")
     temperature: Float = Field(0.1, gt=0, le=1e3, description="softmax temperature tau of the attention weights")
@@ -247,7 +247,7 @@ class FusionSpec(Strict):
 
 
 class RewardSpec(Strict):
-    """Multi-objective reward schedule (oresearcher.rewards)."""
+    """Multi-objective reward schedule (oresearcher.cooperation.rewards)."""
 
     schedule: Literal["constant", "linear", "cosine"] = Field("cosine", description="novelty-weight schedule")
     novelty_boost: Float = Field(0.5, ge=0, le=1, description="novelty weight is x(1+b) at the start, x(1-b) at the end")
@@ -257,7 +257,7 @@ class RewardSpec(Strict):
 
 
 class AllocationSpec(Strict):
-    """Dynamic resource allocation (oresearcher.allocation)."""
+    """Dynamic resource allocation (oresearcher.cooperation.allocation)."""
 
     enabled: bool = Field(True, description="re-divide each round's local steps by reward improvement")
     temperature: Float = Field(0.1, gt=0, le=1e3, description="softmax temperature over contributions "
@@ -266,7 +266,7 @@ class AllocationSpec(Strict):
 
 
 class PrivacySpec(Strict):
-    """Differentially private gradient sharing (oresearcher.privacy): DP-SGD in every agent."""
+    """Differentially private gradient sharing (oresearcher.cooperation.privacy): DP-SGD in every agent."""
 
     enabled: bool = Field(False, description="clip per-sample gradients and add Gaussian noise before sharing")
     clip_norm: Float = Field(1.0, gt=0, le=1e6, description="C: per-sample gradient L2 norm bound (gradient units)")
@@ -289,7 +289,7 @@ class PrivacySpec(Strict):
 
 
 class ReplaySpec(Strict):
-    """A prioritized replay pool shared by all agents (oresearcher.replay, oresearcher.replay_sharing)."""
+    """A prioritized replay pool shared by all agents (oresearcher.cooperation.replay, oresearcher.cooperation.replay_sharing)."""
 
     enabled: bool = Field(False, description="agents share one prioritized replay pool (cartpole: "
                           "transitions; digits: hard examples, priority = loss)")
@@ -307,7 +307,7 @@ class ReplaySpec(Strict):
 
 
 class EnsembleSpec(Strict):
-    """The attention ensemble over the agents' outputs (oresearcher.ensemble), supervised tasks."""
+    """The attention ensemble over the agents' outputs (oresearcher.cooperation.ensemble), supervised tasks."""
 
     train: bool = Field(False, description="fit it on the validation split at every fusion round; the novelty "
                         "reward and the distillation teacher use it (false: the plain mean of the agents' "
@@ -326,7 +326,7 @@ class EnsembleSpec(Strict):
 
 
 class DistillSpec(Strict):
-    """One deployable model from the cluster (oresearcher.distill): after cooperative
+    """One deployable model from the cluster (oresearcher.cooperation.distill): after cooperative
     training a student is distilled from the trained ensemble; ``run --export`` saves it."""
 
     student: Optional[Name] = Field(None, description="the student's model name (a model of workload.task); "

@@ -21,14 +21,14 @@ from pathlib import Path
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 from rich.table import Table
 
-from oresearcher import plots
-from oresearcher.console import console, print_report
+from oresearcher.reporting import plots
+from oresearcher.reporting.console import console, print_report
 from oresearcher.errors import cli_main
-from oresearcher.progress import ProgressLines
-from oresearcher.report import write_json
+from oresearcher.reporting.progress import ProgressLines
+from oresearcher.reporting.report import write_json
 from oresearcher.scenario import load_scenario, parse_override
 from oresearcher.scenario_files import find_scenario
-from oresearcher.trace import write_trace
+from oresearcher.reporting.trace import write_trace
 
 from .bench import OPS, bench_png, collective_bench, fmt_size, read_reference, reference_error
 from .simulate import build_cluster, simulate

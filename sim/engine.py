@@ -29,7 +29,7 @@ import numpy as np
 import simpy
 
 from oresearcher import ops as O
-from oresearcher.report import Timeline
+from oresearcher.reporting.report import Timeline
 
 from . import collectives as C
 

@@ -1,8 +1,8 @@
 """Scenario in, report out: assemble profiles, topology, learners and programs, run.
 
 ``simulate(scenario)`` is what the CLI, the sweeps, the benchmarks and the other
-packages call. It returns the report dict (schema in :mod:`oresearcher.report`) and the
-:class:`~oresearcher.report.Timeline` the figures and the trace are drawn from.
+packages call. It returns the report dict (schema in :mod:`oresearcher.reporting.report`) and the
+:class:`~oresearcher.reporting.report.Timeline` the figures and the trace are drawn from.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch
 
 from oresearcher.errors import UserError
 from oresearcher.programs import AgentContext, get_program
-from oresearcher.report import Timeline, summarize
+from oresearcher.reporting.report import Timeline, summarize
 from oresearcher.scenario import Scenario, scenario_dir
 from oresearcher.tasks import make_learner
 

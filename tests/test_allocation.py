@@ -1,11 +1,11 @@
-"""Resource shares: constant total compute, floor respected (oresearcher.allocation)."""
+"""Resource shares: constant total compute, floor respected (oresearcher.cooperation.allocation)."""
 import math
 
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from oresearcher.allocation import AllocationState, integer_units, shares, steps_from_units
+from oresearcher.cooperation.allocation import AllocationState, integer_units, shares, steps_from_units
 
 contribs = st.lists(st.floats(-5, 5, allow_nan=False), min_size=1, max_size=8)
 

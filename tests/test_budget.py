@@ -1,9 +1,9 @@
-"""The communication-overhead controller alone (oresearcher.budget), on hand-made histories."""
+"""The communication-overhead controller alone (oresearcher.cooperation.budget), on hand-made histories."""
 import math
 
 from hypothesis import given, strategies as st
 
-from oresearcher import budget as B
+from oresearcher.cooperation import budget as B
 
 RUNGS = B.ladder("none", "bf16", 100)
 

@@ -60,7 +60,7 @@ def test_budget_is_validated(bad):
 
 
 def test_resumed_agent_keeps_the_controllers_rung_and_k():
-    from oresearcher.budget_round import BudgetRun
+    from oresearcher.cooperation.budget_round import BudgetRun
 
     sc = load_scenario("scenarios/cpu-tiny.yaml", TINY + ["communication.budget=0.005"])
     first = AgentContext(0, 4, sc, mode="shape")

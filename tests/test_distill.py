@@ -1,4 +1,4 @@
-"""Distillation into one model (oresearcher.distill) and the export (oresearcher.export).
+"""Distillation into one model (oresearcher.cooperation.distill) and the export (oresearcher.export).
 
 The loss by hand; the phase in the reference interpreter (every rank ends with the same
 student, data split over ranks) and priced by the simulator; the export reloads bit for
@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from oresearcher.distill import kd_loss
+from oresearcher.cooperation.distill import kd_loss
 from oresearcher.errors import UserError, cli_main
 from oresearcher.export import load_model, main as export_main, save_model
 from oresearcher.programs import AgentContext, get_program

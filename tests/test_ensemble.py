@@ -1,4 +1,4 @@
-"""The trained attention ensemble (oresearcher.ensemble).
+"""The trained attention ensemble (oresearcher.cooperation.ensemble).
 
 A constructed case where agents differ in quality (one informative agent, three that
 guess): fitted on one held-out set, the ensemble beats the plain mean on another. Its
@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from oresearcher import ops as O
-from oresearcher.ensemble import EnsembleState, as_inputs, loo_novelty
+from oresearcher.cooperation.ensemble import EnsembleState, as_inputs, loo_novelty
 from oresearcher.programs import AgentContext, get_program
 from oresearcher.scenario import load_scenario
 from oresearcher.tasks import make_learner

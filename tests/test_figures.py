@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from matplotlib.ticker import EngFormatter
 
-from oresearcher import curves, figures
-from oresearcher.report import Timeline, summarize
+from oresearcher.reporting import curves, figures
+from oresearcher.reporting.report import Timeline, summarize
 
 
 def toy_timeline(n=4, steps=3, compute=1e-4, comm=2e-5):

@@ -1,11 +1,11 @@
-"""Fusion weights and the attention ensemble (oresearcher.fusion)."""
+"""Fusion weights and the attention ensemble (oresearcher.cooperation.fusion)."""
 import math
 
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from oresearcher.fusion import (HeterogeneousEnsemble, attention_scores, average_weights, fuse, fusion_weights,
+from oresearcher.cooperation.fusion import (HeterogeneousEnsemble, attention_scores, average_weights, fuse, fusion_weights,
                                 group_weights, rbf_similarity)
 
 score_mats = st.integers(1, 6).flatmap(

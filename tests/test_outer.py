@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from oresearcher.outer import OuterNesterov, nesterov_outer_step
+from oresearcher.cooperation.outer import OuterNesterov, nesterov_outer_step
 
 
 def test_nesterov_outer_step_by_hand():

@@ -1,4 +1,4 @@
-"""Differentially private gradient sharing (oresearcher.privacy).
+"""Differentially private gradient sharing (oresearcher.cooperation.privacy).
 
 The bounds the module promises (post-clip norms, noise std, accountant monotonicity),
 opacus' golden value through the wrapper, per-sample gradients against a slow loop of
@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 from oresearcher import ops as O
-from oresearcher import privacy as P
+from oresearcher.cooperation import privacy as P
 from oresearcher.errors import UserError
 from oresearcher.programs import AgentContext, get_program
 from oresearcher.scenario import load_scenario
@@ -216,7 +216,7 @@ def test_simulator_runs_the_private_program_as_the_reference_does():
         assert last["noise_multiplier"] == 1.0
     rounds = [m for m in report["metrics"]["0"] if "epsilon" in m]
     assert len(rounds) == 2 and rounds[0]["epsilon"] < rounds[1]["epsilon"]
-    from oresearcher.console import console, print_report
+    from oresearcher.reporting.console import console, print_report
 
     with console.capture() as out:  # the report table says what each agent spent
         print_report(report, "t")

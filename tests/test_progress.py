@@ -1,7 +1,7 @@
 """Progress off a terminal: one line every few seconds with steps/s and ETA."""
 import io
 
-from oresearcher.progress import ProgressLines, fmt_duration, progress_line
+from oresearcher.reporting.progress import ProgressLines, fmt_duration, progress_line
 
 
 def test_progress_line_rate_and_eta():

@@ -1,4 +1,4 @@
-"""Prioritized replay (oresearcher.replay) and its sharing round (oresearcher.replay_sharing).
+"""Prioritized replay (oresearcher.cooperation.replay) and its sharing round (oresearcher.cooperation.replay_sharing).
 
 Sampling frequencies against priorities (chi-square), importance weights against a slow
 reference, the trees' invariants and FIFO eviction under random operations (hypothesis
@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 from scipy.stats import chisquare
 
-from oresearcher.replay import PrioritizedReplay, SegmentTree, annealed_beta
-from oresearcher.replay_sharing import SharedReplay, apex_epsilons, share
+from oresearcher.cooperation.replay import PrioritizedReplay, SegmentTree, annealed_beta
+from oresearcher.cooperation.replay_sharing import SharedReplay, apex_epsilons, share
 from oresearcher.testing import run_programs
 
 

@@ -1,5 +1,5 @@
 """Timeline: what each rank records survives the trip to the rank that merges it."""
-from oresearcher.report import Timeline, summarize
+from oresearcher.reporting.report import Timeline, summarize
 
 
 def _rank_timeline(world, rank):

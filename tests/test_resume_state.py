@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from oresearcher import ops as O
-from oresearcher.allocation import AllocationState
-from oresearcher.outer import OuterNesterov
+from oresearcher.cooperation.allocation import AllocationState
+from oresearcher.cooperation.outer import OuterNesterov
 from oresearcher.programs import AgentContext, get_program
 from oresearcher.programs.cooperative import GroupState, LoopState
 from oresearcher.scenario import load_scenario

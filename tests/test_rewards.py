@@ -1,11 +1,11 @@
-"""Reward terms and the reward-weight schedule (oresearcher.rewards)."""
+"""Reward terms and the reward-weight schedule (oresearcher.cooperation.rewards)."""
 import math
 
 import pytest
 import torch
 from hypothesis import assume, given, settings, strategies as st
 
-from oresearcher.rewards import (SAFETY_RULES, centre_band_safety, count_novelty, finite_safety, loss_coefficients,
+from oresearcher.cooperation.rewards import (SAFETY_RULES, centre_band_safety, count_novelty, finite_safety, loss_coefficients,
                                  overconfident_error_safety, ramp, register_safety_rule, reward, scheduled_weights,
                                  shaped_loss, soft_overconfident_error, tv_novelty)
 

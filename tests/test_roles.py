@@ -1,4 +1,4 @@
-"""Role policies, validator reports and dynamic assignment (oresearcher.roles)."""
+"""Role policies, validator reports and dynamic assignment (oresearcher.cooperation.roles)."""
 import math
 from types import SimpleNamespace
 
@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 from torch import nn
 
-from oresearcher import roles as R
+from oresearcher.cooperation import roles as R
 from oresearcher.programs.learner import TorchLearner
 
 

@@ -1,4 +1,4 @@
-"""Shard-wise fusion equals the unsharded fusion round (oresearcher.fusion), moving 1/S
+"""Shard-wise fusion equals the unsharded fusion round (oresearcher.cooperation.fusion), moving 1/S
 of the parameters: pure functions and the ops on the reference interpreter."""
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from oresearcher import ops as O
-from oresearcher.fusion import fuse, group_weights
-from oresearcher.sharded_fusion import fuse_sharded, partial_sq_distances, weights_from_sq_distances
+from oresearcher.cooperation.fusion import fuse, group_weights
+from oresearcher.cooperation.sharded_fusion import fuse_sharded, partial_sq_distances, weights_from_sq_distances
 from oresearcher.sharding import shard_groups
 from oresearcher.testing import run_programs
 

@@ -35,7 +35,7 @@ _PROGRAMS = {
     "local_sgd": ("oresearcher.programs.data_parallel", "local_sgd"),
     "diloco": ("oresearcher.programs.data_parallel", "diloco"),
     "single": ("oresearcher.programs.data_parallel", "single"),
-    "oresearcher": ("oresearcher.distill", "program"),  # cooperative, then distillation (distill.student)
+    "oresearcher": ("oresearcher.cooperation.distill", "program"),  # cooperative, then distillation (distill.student)
     "fsdp": ("oresearcher.programs.fsdp", "fsdp"),
 }
 

@@ -5,22 +5,22 @@
 is cut into rounds of ``communication.interval`` steps. A round:
 
 1. Local steps (how many: this agent's share of the round's compute, see
-   :mod:`oresearcher.allocation`); its role shapes them (:mod:`oresearcher.roles`):
+   :mod:`oresearcher.cooperation.allocation`); its role shapes them (:mod:`oresearcher.cooperation.roles`):
    explorer lr x scale, optimizer SAM (one Compute charged 2x) or SWA, validator plain.
    Every ``share_every`` steps agents of one architecture average gradients (AllReduce,
    or the codec's exchange when ``communication.codec`` is set), for as many steps as
    every member of the group takes this round, so the collectives always pair up.
    With ``cooperation.privacy`` every step's gradient is DP-SGD's, noised by the agent
-   before the codec sees it (:mod:`oresearcher.privacy`); with ``cooperation.replay``
+   before the codec sees it (:mod:`oresearcher.cooperation.privacy`); with ``cooperation.replay``
    every ``sync_every`` steps (as many as every agent takes) one AllGather shares new rows
-   and priorities of the group's replay pool (:mod:`oresearcher.replay_sharing`).
+   and priorities of the group's replay pool (:mod:`oresearcher.cooperation.replay_sharing`).
 2. AllGather of every agent's flat parameters (zero-padded to the largest model, so
    architectures can differ): one message serves the validators and the fusion.
 3. Validators evaluate every agent on held-out data (``learner.evaluate_params``) and
-   everyone AllGathers a small score tensor (:func:`oresearcher.roles.encode_report`).
+   everyone AllGathers a small score tensor (:func:`oresearcher.cooperation.roles.encode_report`).
 4. Every rank computes the same decisions from the same gathered numbers, so no further
-   messages are needed: rewards (:mod:`oresearcher.rewards`, scheduled weights),
-   attention fusion weights per architecture group (:mod:`oresearcher.fusion`, flagged
+   messages are needed: rewards (:mod:`oresearcher.cooperation.rewards`, scheduled weights),
+   attention fusion weights per architecture group (:mod:`oresearcher.cooperation.fusion`, flagged
    agents get 0), the new roles with their reasons, PBT exploit/explore, the next
    round's local steps. Then each agent sets its own fused (or exploited, or noised)
    parameters; an optional outer Nesterov step acts on the fusion pseudo-gradient.
@@ -28,7 +28,7 @@ is cut into rounds of ``communication.interval`` steps. A round:
 After the last round the final parameters are gathered and scored once more, so the
 agents and their validator scores are ready for the final fusion into one model; they
 are left in ``learner.cooperative_result``. Role switches are logged with their reason
-and reported in StepDone metrics ("role" is the code in :data:`oresearcher.roles.ROLE_CODES`,
+and reported in StepDone metrics ("role" is the code in :data:`oresearcher.cooperation.roles.ROLE_CODES`,
 "role_switch" the reason string).
 
 Resuming (see :mod:`oresearcher.programs`): a round's end is the only resume boundary.
@@ -56,18 +56,18 @@ from dataclasses import dataclass, field
 import torch
 
 from .. import divergence as D
-from .. import ensemble as E
-from .. import privacy as P
-from .. import replay_sharing as RS
-from .. import roles as R
-from ..allocation import AllocationState
-from ..budget_round import BudgetRun
+from ..cooperation import ensemble as E
+from ..cooperation import privacy as P
+from ..cooperation import replay_sharing as RS
+from ..cooperation import roles as R
+from ..cooperation.allocation import AllocationState
+from ..cooperation.budget_round import BudgetRun
 from ..codecs.collectives import two_phase_allreduce
-from ..fusion import HeterogeneousEnsemble, fuse, group_weights
+from ..cooperation.fusion import HeterogeneousEnsemble, fuse, group_weights
 from ..ops import AllGather, AllReduce, Compute, StepDone
-from ..outer import OuterNesterov
-from ..replay import PrioritizedReplay
-from ..rewards import reward, scheduled_weights, tv_novelty
+from ..cooperation.outer import OuterNesterov
+from ..cooperation.replay import PrioritizedReplay
+from ..cooperation.rewards import reward, scheduled_weights, tv_novelty
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +154,7 @@ def _role_lr(cfg, role: str, lr_mult: float, base_lr: float) -> float:
 
 def train_step(ctx, learner, role, cfg, share_group, share, codec, privacy=None, step=0, timer=None):
     """One local step of ``role``; gradients averaged over ``share_group`` if ``share``.
-    With ``privacy`` every step's gradient is DP-SGD's (oresearcher.privacy), noised
+    With ``privacy`` every step's gradient is DP-SGD's (oresearcher.cooperation.privacy), noised
     before the codec compresses it. ``training.on_divergence: stop`` checks the loss and
     gradients first (oresearcher.divergence); skip is the isolation below."""
     flops = learner.fwd_flops + learner.bwd_flops
@@ -210,7 +210,7 @@ def gather_params(ctx, learner, pad_to: int):
 
 def _novelty(probs: list, ens=None) -> list[float]:
     """Each agent's TV distance to the attention ensemble of the others: the trained one
-    (oresearcher.ensemble) once it has been fitted, else the plain mean (oresearcher.fusion)."""
+    (oresearcher.cooperation.ensemble) once it has been fitted, else the plain mean (oresearcher.cooperation.fusion)."""
     n = len(probs)
     if n < 2:
         return [0.0] * n
@@ -282,7 +282,7 @@ def cooperative(ctx, learner):
     privacy = _privacy(ctx, learner) if cfg.privacy.enabled else None
     replay = _replay(ctx, learner) if cfg.replay.enabled else None
     loop = ctx.register("loop", LoopState())
-    budget = BudgetRun(ctx, costs) if sc.communication.budget is not None else None  # oresearcher.budget
+    budget = BudgetRun(ctx, costs) if sc.communication.budget is not None else None  # oresearcher.cooperation.budget
     if cfg.ensemble.train and ctx.numeric and hasattr(learner, "heldout_labels"):  # fitted every round
         ctx.register("ensemble", E.from_scenario(sc, learner.n_classes))
     if "loop" in ctx.restored:
@@ -359,7 +359,7 @@ def _privacy(ctx, learner):
 
 
 def _replay(ctx, learner):
-    """This agent's replica of the shared prioritized pool (oresearcher.replay_sharing)."""
+    """This agent's replica of the shared prioritized pool (oresearcher.cooperation.replay_sharing)."""
     sc, c = ctx.scenario, ctx.scenario.cooperation.replay
     batch = getattr(getattr(learner, "batches", None), "batch", 1)
     spec = getattr(learner, "replay_spec", {})

@@ -20,7 +20,7 @@ from __future__ import annotations
 from ..codecs.collectives import two_phase_allreduce
 from ..divergence import Guard, guard_average, guard_buckets, guard_local
 from ..ops import AllReduce, Compute, StepDone, Wait
-from ..outer import OuterNesterov
+from ..cooperation.outer import OuterNesterov
 
 
 def _backward_shares(learner, buckets):

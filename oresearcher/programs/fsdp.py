@@ -23,8 +23,8 @@ LM head, then the blocks):
 
 With ``fsdp.replicas: fusion`` the shard groups are independent *agents*: no gradient
 all-reduce across them; every ``communication.interval`` steps they fuse shard by shard
-(:mod:`oresearcher.sharded_fusion`, the attention-weighted round of
-:mod:`oresearcher.fusion` without full copies), each agent's reliability exp(-loss) from
+(:mod:`oresearcher.cooperation.sharded_fusion`, the attention-weighted round of
+:mod:`oresearcher.cooperation.fusion` without full copies), each agent's reliability exp(-loss) from
 its ranks' mean training loss at that step (the per-token likelihood, in (0, 1]).
 
 Payload dtypes follow the mixed-precision policy: all-gathers in the compute dtype
@@ -44,7 +44,7 @@ import torch
 
 from ..errors import UserError
 from ..ops import AllGather, AllReduce, Compute, ReduceScatter, StepDone, Wait
-from ..sharded_fusion import fuse_sharded
+from ..cooperation.sharded_fusion import fuse_sharded
 from ..sharding import scenario_plan, shard_groups
 from .learner import DTYPES
 

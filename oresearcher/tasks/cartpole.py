@@ -12,9 +12,9 @@ so every program (ddp, diloco, cooperative) works on them unchanged.
 Reward: the environment's +1 per step unless the cooperative program sets reward
 weights (``set_reward_weights``); then each stored transition carries
 ``w_base * 1 + w_novelty * count_novelty(state) + w_safety * [|x| <= 1.2]`` (the
-multi-objective reward of :mod:`oresearcher.rewards` as the return the agent optimises).
+multi-objective reward of :mod:`oresearcher.cooperation.rewards` as the return the agent optimises).
 
-Shared prioritized replay (``cooperation.replay``, :mod:`oresearcher.replay_sharing`): the
+Shared prioritized replay (``cooperation.replay``, :mod:`oresearcher.cooperation.replay_sharing`): the
 program hands the learner a replica of the group's pool (``use_shared_replay``); collected
 transitions are queued for it, a step samples from it (once it holds a batch; the own
 buffer before that) with importance weights on the TD loss, and the batch's |TD errors|
@@ -35,7 +35,7 @@ from torch import nn
 
 from ..errors import UserError
 from ..programs.learner import TorchLearner
-from ..rewards import centre_band_safety, count_novelty
+from ..cooperation.rewards import centre_band_safety, count_novelty
 from ..workloads import measure_module
 
 MODELS = ("mlp", "mlp-small")

@@ -28,14 +28,14 @@ Reward-shaped loss (cooperative program, ``cooperation.rewards.shape_loss``): af
 fusion round's parameter all-gather the program hands the agent a frozen snapshot of the
 other (healthy) agents' parameters (``set_peers``) and the scheduled reward weights
 (``set_reward_weights``); its local steps then minimise
-:func:`oresearcher.rewards.shaped_loss` against the peers' mean prediction on the same
+:func:`oresearcher.cooperation.rewards.shaped_loss` against the peers' mean prediction on the same
 batch. Each peer forward pass is charged: ``fwd_flops`` grows by the measured forward
 FLOPs of each peer's architecture on one batch. No snapshot (first round, one agent,
 shaping off): plain cross-entropy.
 
 Shared hard-example pool (``cooperation.replay``): with ``use_shared_replay`` a quarter of
 every batch comes from the group's prioritized pool
-(:class:`oresearcher.replay_sharing.HardExamples`), and each sample's cross-entropy is its
+(:class:`oresearcher.cooperation.replay_sharing.HardExamples`), and each sample's cross-entropy is its
 priority.
 
 Usage: ``make_learner(scenario, rank, mode="numeric")``.
@@ -52,7 +52,7 @@ from torch.func import functional_call
 
 from ..errors import UserError
 from ..programs.learner import DTYPES, TorchLearner
-from ..rewards import overconfident_error_safety, shaped_loss
+from ..cooperation.rewards import overconfident_error_safety, shaped_loss
 from ..workloads import measure_module
 
 N_CLASSES = 10
@@ -212,7 +212,7 @@ class DigitsLearner(TorchLearner):
                                                seed * 1000 + rank), self._shaped_loss,
                          fwd_flops=fwd, bwd_flops=bwd, bucket_bytes=bucket_bytes)
         self.arch, self.dtype_, self._scratch = arch, dtype, {}
-        self.train_size = len(X)  # the private data of oresearcher.privacy's sample rate
+        self.train_size = len(X)  # the private data of oresearcher.cooperation.privacy's sample rate
         self.shared_replay, self._per_sample = None, None
         self.base_fwd_flops, self._x_probe, self._peer_fwd = float(fwd), X[:batch].to(self.device, dtype), {}
         self.reward_weights, self.peers, self._peer_params = None, [], []
@@ -283,7 +283,7 @@ class DigitsLearner(TorchLearner):
 
     def private_loss_fn(self, module, batch):
         """The loss of :meth:`_shaped_loss` without recording the task loss (``vmap``
-        forbids ``.item()``): what oresearcher.privacy differentiates per sample."""
+        forbids ``.item()``): what oresearcher.cooperation.privacy differentiates per sample."""
         x, y = batch
         if self.reward_weights is None or not self._peer_params:
             return _loss(module, batch)
@@ -302,7 +302,7 @@ class DigitsLearner(TorchLearner):
 
     def use_shared_replay(self, shared) -> None:
         """Draw part of every batch from ``shared`` (a SharedReplay) as hard examples."""
-        from ..replay_sharing import HardExamples
+        from ..cooperation.replay_sharing import HardExamples
 
         self.shared_replay = shared
         self.batches = HardExamples(self.batches, shared, self.hard_fraction, seed=shared.rank * 7_919 + 11)
@@ -330,7 +330,7 @@ class DigitsLearner(TorchLearner):
         acc = float((logits.argmax(-1) == y).float().mean())
         return {"test_accuracy": acc, "test_loss": float(F.cross_entropy(logits, y)), "metric": acc}
 
-    # ---- what the trained ensemble and distillation ask (oresearcher.ensemble, .distill) ----
+    # ---- what the trained ensemble and distillation ask (oresearcher.cooperation.ensemble, .distill) ----
 
     def heldout_labels(self, split: str = "val") -> torch.Tensor:
         return load_splits()[split][1]

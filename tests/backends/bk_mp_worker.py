@@ -14,7 +14,7 @@ import torch.distributed as dist
 from oresearcher.backends.interpreter import Interpreter, make_clock
 from oresearcher.backends.launcher import from_environ
 from oresearcher.backends.worker import gather_timeline, init_process_group
-from oresearcher.report import Timeline, summarize
+from oresearcher.reporting.report import Timeline, summarize
 
 import bk_programs
 

@@ -16,7 +16,7 @@ import torch
 
 from bk_helpers import REPO, write_scenario
 from oresearcher.backends import checkpoint as ckpt
-from oresearcher.report import REPORT_KEYS
+from oresearcher.reporting.report import REPORT_KEYS
 
 RUN = [sys.executable, "-m", "oresearcher.run"]
 TINY = "bk_tiny:make_learner"

@@ -180,10 +180,10 @@ def test_nccl_bf16_run_on_one_gpu(tmp_path, child_env):
 
 def reference_sharded_agents(world, size, interval, steps):
     """world/size agents, each data parallel over its ranks' batches with its own AdamW,
-    fused every ``interval`` steps by oresearcher.fusion (attention weights from exp(-the
+    fused every ``interval`` steps by oresearcher.cooperation.fusion (attention weights from exp(-the
     agent's mean loss at that step)): the per-rank losses an fsdp run with
     ``fsdp.replicas: fusion`` must reproduce."""
-    from oresearcher.fusion import fuse, group_weights
+    from oresearcher.cooperation.fusion import fuse, group_weights
 
     data = yaml.safe_load(SCENARIO.read_text())
     w, t, f = data["workload"], data["training"], {"temperature": 0.1, "similarity_weight": 0.5}

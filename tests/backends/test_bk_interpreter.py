@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 from oresearcher import ops as O
 from oresearcher.backends.interpreter import Interpreter, make_clock
-from oresearcher.report import Timeline, summarize
+from oresearcher.reporting.report import Timeline, summarize
 
 
 @pytest.fixture(scope="module")

@@ -55,7 +55,7 @@ def test_results_equal_the_reference_interpreter(launched):
 
 
 def test_results_equal_the_simulators_numeric_mode(launched, tmp_path):
-    from oresearcher.report import Timeline
+    from oresearcher.reporting.report import Timeline
     from oresearcher.sim.engine import Engine
     from oresearcher.sim.simulate import build_cluster
 

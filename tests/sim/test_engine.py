@@ -6,7 +6,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from oresearcher import ops as O
-from oresearcher.report import summarize
+from oresearcher.reporting.report import summarize
 from oresearcher.scenario import load_scenario
 from oresearcher.sim.engine import Engine
 from oresearcher.sim.simulate import simulate

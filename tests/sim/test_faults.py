@@ -10,11 +10,11 @@ import pytest
 from oresearcher import ops as O
 from oresearcher.errors import UserError
 from oresearcher.fault_spec import FaultsSpec
-from oresearcher.report import Timeline
+from oresearcher.reporting.report import Timeline
 from oresearcher.scenario import load_scenario
 from oresearcher.sim import faults as F
 from oresearcher.sim.engine import Engine
-from oresearcher.trace import to_chrome_trace
+from oresearcher.reporting.trace import to_chrome_trace
 from simkit import DEVICE, meta, topo
 
 RATE = 1e12  # DEVICE: 1 TFLOP/s, no host overhead

@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from oresearcher import ops as O
-from oresearcher.report import summarize
+from oresearcher.reporting.report import summarize
 from oresearcher.sim.engine import Engine, lognormal_params
 
 from simkit import DEVICE, topo

@@ -8,7 +8,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from oresearcher.errors import UserError
 from oresearcher.scenario import Scenario
 from oresearcher.tasks import make_learner
-from oresearcher.rewards import shaped_loss
+from oresearcher.cooperation.rewards import shaped_loss
 from oresearcher.tasks.digits import MODELS, build_model, expected_calibration_error, load_splits
 
 

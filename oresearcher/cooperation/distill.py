@@ -4,7 +4,7 @@ After cooperative training (``training.strategy: oresearcher`` with ``distill.st
 set) every rank runs a distillation phase, data parallel over all ranks:
 
 1. The teacher: the attention ensemble fitted on the final agents
-   (:mod:`oresearcher.ensemble`; the plain mean of their log-probabilities when
+   (:mod:`oresearcher.cooperation.ensemble`; the plain mean of their log-probabilities when
    ``cooperation.ensemble.train`` is off). Each rank computes the teacher's logits once
    on its shard of the training split (samples ``rank::world``): one forward pass of every
    healthy agent plus the ensemble, charged as Compute.
@@ -37,10 +37,10 @@ import torch
 import torch.nn.functional as F
 
 from . import ensemble as E
-from .errors import UserError
-from .ops import AllReduce, Compute, StepDone
-from .programs.cooperative import cooperative
-from .workloads import measure_module
+from ..errors import UserError
+from ..ops import AllReduce, Compute, StepDone
+from ..programs.cooperative import cooperative
+from ..workloads import measure_module
 
 
 def kd_loss(student: torch.Tensor, teacher: torch.Tensor, labels: torch.Tensor, temperature: float,
@@ -54,7 +54,7 @@ def kd_loss(student: torch.Tensor, teacher: torch.Tensor, labels: torch.Tensor, 
 
 def build_student(task: str, arch: str, seed: int) -> torch.nn.Module:
     """The task's ``arch`` model from one seeded initialisation, off the global generator."""
-    from .tasks import TASKS
+    from ..tasks import TASKS
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed * 1_000_003 + 4_242)
@@ -126,9 +126,9 @@ def distill_shape(ctx, learner, first_step: int):
     agent's forward on the rank's micro batch (the teacher, computed on the fly: a token
     stream cannot be precomputed), the student's forward-backward and its gradient
     buckets all-reduced over the world, as the numeric phase issues them."""
-    from .programs.cooperative import arch_ids
-    from .programs.learner import DTYPES
-    from .workloads import bucket_sizes, measure_lm
+    from ..programs.cooperative import arch_ids
+    from ..programs.learner import DTYPES
+    from ..workloads import bucket_sizes, measure_lm
 
     sc, d = ctx.scenario, ctx.scenario.distill
     w = sc.workload
@@ -254,8 +254,8 @@ def comparison(learner, scenario) -> dict:
 
 def export(learner, scenario, directory):
     """Save the student (oresearcher.export) with the task's preprocessing; returns the directory."""
-    from . import export as X
-    from .tasks import TASKS
+    from .. import export as X
+    from ..tasks import TASKS
 
     task = importlib.import_module(TASKS[scenario.workload.task])
     res = learner.distill_result

@@ -18,7 +18,7 @@ group from collapsing into one point while reliable agents still pull hardest. T
 attention with agent i as the query and agents j as keys (Vaswani et al. 2017), scored
 on reliability as in reputation-weighted aggregation. A uniform score matrix gives plain
 averaging (a_ij = 1/n), the local-SGD / DiLoCo baseline; an outer Nesterov step on the
-pseudo-gradient (oresearcher.outer) can follow either.
+pseudo-gradient (oresearcher.cooperation.outer) can follow either.
 
 :class:`HeterogeneousEnsemble` combines the *outputs* of agents of different
 architectures: each agent's output [B, w_k] is projected to a common width, the agents
@@ -113,7 +113,7 @@ class HeterogeneousEnsemble(nn.Module):
     multi-head attention over the agent axis, then the mean over agents. ``present``
     ([n] bool) leaves agents out: they are masked as keys and left out of the mean, and
     their outputs (NaN for a diverged agent) are never read. Training it is
-    :mod:`oresearcher.ensemble`'s job.
+    :mod:`oresearcher.cooperation.ensemble`'s job.
     """
 
     def __init__(self, in_widths: Sequence[int], d_model: int, n_heads: int = 1, init: str = "average",

@@ -106,7 +106,7 @@ def soft_overconfident_error(probs: torch.Tensor, labels: torch.Tensor, threshol
     argmax), and 0 elsewhere.
     """
     # scatter, not one_hot: one_hot checks label values (.item()), which torch.func.vmap forbids
-    # (oresearcher.privacy differentiates this per sample)
+    # (oresearcher.cooperation.privacy differentiates this per sample)
     true = torch.zeros_like(probs, dtype=torch.bool).scatter(-1, labels.unsqueeze(-1), True)
     wrong = probs.masked_fill(true, 0.0)
     return ((wrong.max(-1).values - threshold).clamp(min=0.0) / (1.0 - threshold)).mean()

@@ -1,7 +1,7 @@
 """The trained attention ensemble over the agents' outputs.
 
 Agents of different architectures cannot average parameters; what they share is their
-*outputs*. :class:`EnsembleState` holds a :class:`oresearcher.fusion.HeterogeneousEnsemble`
+*outputs*. :class:`EnsembleState` holds a :class:`oresearcher.cooperation.fusion.HeterogeneousEnsemble`
 over all n agents -- per-agent projections of each agent's log-probabilities [N, C] to
 ``d_model``, multi-head attention (8 heads) over the agent axis, the mean over agents and
 a linear head back to C logits -- and fits it on held-out data at every fusion round:
@@ -26,7 +26,7 @@ One rank fits (the first validator, which scores every agent anyway) and a Broad
 hands the weights to every rank: the fit (about as many FLOPs as a few hundred local
 steps of these small agents) is paid once, not once per rank. The weights are a State
 object checkpointed with the run (:meth:`EnsembleState.state_dict`), and the distillation
-teacher (:mod:`oresearcher.distill`) is the ensemble fitted on the final agents.
+teacher (:mod:`oresearcher.cooperation.distill`) is the ensemble fitted on the final agents.
 """
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from .fusion import HeterogeneousEnsemble
-from .ops import Broadcast, Compute
+from ..ops import Broadcast, Compute
 from .rewards import tv_novelty
 
 EPS = 1e-12

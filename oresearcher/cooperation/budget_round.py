@@ -1,10 +1,10 @@
 """The overhead controller inside the cooperative program (``communication.budget``).
 
-:mod:`oresearcher.budget` decides; this module is the thin shell around it in a round:
+:mod:`oresearcher.cooperation.budget` decides; this module is the thin shell around it in a round:
 it times this agent's round on the backend's clock (``ctx.clock``: simulated seconds in
 the simulator, ``time.perf_counter`` on torch.distributed), all-gathers the four
 timings once per round (``budget_gather``, 40 bytes per rank) so every rank holds the
-same numbers, and every rank runs the same :func:`oresearcher.budget.decide` on them.
+same numbers, and every rank runs the same :func:`oresearcher.cooperation.budget.decide` on them.
 So the simulator and the real backends run one decision procedure; what differs is only
 what their clocks measured. Without a clock (the reference interpreter) a local step
 costs its cost-model units and nothing is exposed.
@@ -22,7 +22,7 @@ import logging
 import torch
 
 from . import budget as B
-from .ops import AllGather
+from ..ops import AllGather
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ class BudgetRun:
         if spec == "none":
             return None
         if spec not in self._codecs:
-            from .codecs import build
+            from ..codecs import build
 
             sc = self.ctx.scenario
             self._codecs[spec] = self.ctx.register(f"budget_codec {spec}", build(

@@ -2,7 +2,7 @@
 
 When every agent is an FSDP group of S ranks (agents x S = world; rank a*S + s holds
 shard s of agent a, the layout of :func:`oresearcher.sharding.shard_groups`), a fusion
-round (:mod:`oresearcher.fusion`) needs every agent's whole parameter vector only for
+round (:mod:`oresearcher.cooperation.fusion`) needs every agent's whole parameter vector only for
 the squared distances of the RBF similarity, and those add up over shards:
 
     ||theta_i - theta_j||^2 = sum_s ||theta_i^s - theta_j^s||^2.
@@ -11,7 +11,7 @@ So each rank gathers shard s of every agent (an all-gather over the ranks holdin
 s, the *replicate group*), computes its part of the [n, n] distance matrix, and the
 parts are summed within the agent (an all-reduce of n*n numbers over its *shard group*).
 Every rank then holds the same distances, hence the same fusion weights as
-:func:`oresearcher.fusion.group_weights` computes from full vectors, and fuses its own
+:func:`oresearcher.cooperation.fusion.group_weights` computes from full vectors, and fuses its own
 shard: theta_a^s <- sum_j a_aj theta_j^s. A rank moves (n - 1) * P/S parameters instead
 of (n - 1) * P. Reliabilities and exclusions are per agent and known to every rank (the
 validators publish them), as in the unsharded round.
@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from .fusion import attention_scores, average_weights, fusion_weights
-from .ops import AllGather, AllReduce, Compute
+from ..ops import AllGather, AllReduce, Compute
 
 
 def partial_sq_distances(shards: list[torch.Tensor]) -> torch.Tensor:
@@ -34,7 +34,7 @@ def partial_sq_distances(shards: list[torch.Tensor]) -> torch.Tensor:
 
 
 def rbf_from_sq_distances(d2: torch.Tensor) -> torch.Tensor:
-    """The RBF similarity of :func:`oresearcher.fusion.rbf_similarity` from its squared
+    """The RBF similarity of :func:`oresearcher.cooperation.fusion.rbf_similarity` from its squared
     distances: exp(-d2 / (2 sigma^2)), sigma^2 the mean off-diagonal d2."""
     n = d2.shape[0]
     if n < 2:
@@ -47,7 +47,7 @@ def rbf_from_sq_distances(d2: torch.Tensor) -> torch.Tensor:
 
 def weights_from_sq_distances(d2: torch.Tensor, reliability, excluded, *, method: str = "attention",
                               temperature: float = 0.1, similarity_weight: float = 0.5) -> torch.Tensor:
-    """The [n, n] fusion weights :func:`oresearcher.fusion.group_weights` gives, from the
+    """The [n, n] fusion weights :func:`oresearcher.cooperation.fusion.group_weights` gives, from the
     agents' squared distances instead of their parameters."""
     n = d2.shape[0]
     if method == "average":

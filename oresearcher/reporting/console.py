@@ -56,7 +56,7 @@ def print_report(report: dict, title: str, column: str = "predicted") -> None:
             console.print(f"  advice: {mem['advice']}")
     spent = [m[-1]["epsilon"] for _, m in sorted((report.get("metrics") or {}).items(), key=lambda kv: int(kv[0]))
              if m and "epsilon" in m[-1]]
-    if spent:  # cooperation.privacy: what each agent spent (oresearcher.privacy)
+    if spent:  # cooperation.privacy: what each agent spent (oresearcher.cooperation.privacy)
         delta = ((report.get("scenario") or {}).get("cooperation") or {}).get("privacy", {}).get("delta")
         console.print(f"privacy: epsilon per agent {', '.join(f'{e:.3g}' for e in spent)}"
                       + (f" at delta {delta:g}" if delta else ""))

@@ -37,7 +37,7 @@ import math
 import numpy as np
 import torch
 
-from . import ops as O
+from .. import ops as O
 from .replay import PrioritizedReplay
 
 ROLE_ORDER = ("explorer", "optimizer", "validator")
