@@ -18,56 +18,18 @@ MB = 10^6 bytes); everything inside the code is seconds, bytes, bytes/s and FLOP
 from __future__ import annotations
 
 import copy
-import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional
 
-from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, PrivateAttr, ValidationError,
-                      field_validator, model_validator)
+from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from . import yamlsafe
+from .cooperation.spec import CooperationSpec, DistillSpec
 from .errors import UserError, short
 from .fault_spec import FaultsSpec
-
-MB = 10**6
-MAX_WORLD = 16384  # ranks (nodes x gpus_per_node, agents): the largest clusters trained on today
-MAX_STEPS = 10**7
-MAX_BATCH = 2**20  # sequences per step
-MAX_SEQ = 2**20  # tokens per sequence
-MAX_SEED = 2**32 - 1
-MAX_NAME = 100  # characters of a device, fabric or model name
-SLUG = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-
-
-def _not_bool(v):
-    if isinstance(v, bool):
-        raise ValueError("expected a number, not true/false")
-    return v
-
-
-Int = Annotated[int, BeforeValidator(_not_bool)]
-Float = Annotated[float, BeforeValidator(_not_bool)]
-Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME)]
-
-STRATEGIES = ("oresearcher", "ddp", "local_sgd", "diloco", "single", "fsdp")
-# asked for by name, answered by another strategy: (strategy, why)
-STRATEGY_ALIASES = {
-    "colossalai": ("fsdp", "ColossalAI pins torch <= 2.5.1 and cannot be installed beside this torch; "
-                   "torch's own FSDP2 (fully_shard) gives the same ZeRO-3 sharding"),
-}
-
-
-def strategy_alias_error(name, flag: str = "strategy ") -> str | None:
-    """One line saying which strategy ``name`` maps to and why, or None for other names."""
-    if not isinstance(name, str) or name.lower() not in STRATEGY_ALIASES:
-        return None
-    target, why = STRATEGY_ALIASES[name.lower()]
-    return f"{flag}{name} maps to {target}: {why}; use {flag}{target}"
-ALGORITHMS = ("auto", "ring", "tree", "direct", "halving_doubling", "hierarchical")
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+from .scenario_types import (  # noqa: F401 (MB, SLUG, strategy_alias_error: part of this module's API)
+    ALGORITHMS, MAX_BATCH, MAX_SEED, MAX_SEQ, MAX_STEPS, MAX_WORLD, MB, SLUG, STRATEGIES, Float, Int, Name, Strict,
+    strategy_alias_error)
 
 
 class ClusterSpec(Strict):
@@ -214,140 +176,6 @@ class SimulationSpec(Strict):
     mode: Literal["auto", "shape", "numeric"] = Field(
         "auto", description="shape: meta tensors, sizes only; numeric: real values; auto: numeric for small tasks"
     )
-
-
-class RolePolicySpec(Strict):
-    """Role policies of the cooperative program (oresearcher.cooperation.roles)."""
-
-    policy: Literal["dynamic", "static", "plain"] = Field(
-        "dynamic", description="dynamic: re-assign roles after every fusion round; static: keep the "
-        "initial mix; plain: no specialisation (every agent trains plainly and validates)")
-    explorer_lr_scale: Float = Field(2.0, gt=0, le=100, description="explorer learning rate / base lr (ratio)")
-    explorer_noise: Float = Field(0.01, ge=0, le=1, description="explorer parameter noise after each round, "
-                                  "std relative to the parameters' RMS (0..1)")
-    explorer_epsilon_scale: Float = Field(2.0, ge=1, le=100, description="explorer epsilon/temperature multiplier (>= 1)")
-    optimizer_method: Literal["sam", "swa"] = Field("sam", description="optimizer role: SAM (2 passes/step) or SWA")
-    sam_rho: Float = Field(0.05, gt=0, le=10, description="SAM neighbourhood radius (L2 norm of the perturbation)")
-    exploit_fraction: Float = Field(0.2, ge=0, le=0.5, description="PBT exploit: bottom fraction copies the top (0..0.5)")
-    plateau_rounds: Int = Field(2, ge=1, le=1000, description="rounds over which validation-loss plateau is judged")
-    plateau_tol: Float = Field(0.01, ge=0, le=1, description="relative val-loss improvement below which it is a plateau")
-    divergence_factor: Float = Field(3.0, gt=1, le=1e6, description="flag an agent whose val loss exceeds this x the median")
-    lr_jitter: Float = Field(0.2, ge=0, le=3, description="initial per-agent lr multiplier exp(U(-j, j)) (heterogeneity)")
-
-
-class FusionSpec(Strict):
-    """Fusion rounds (oresearcher.cooperation.fusion)."""
-
-    method: Literal["attention", "average"] = Field("attention", description="attention-weighted or plain average")
-    temperature: Float = Field(0.1, gt=0, le=1e3, description="softmax temperature tau of the attention weights")
-    similarity_weight: Float = Field(0.5, ge=0, le=100, description="weight of parameter similarity in score_ij")
-    outer: Literal["none", "nesterov"] = Field("none", description="outer optimizer on the fusion pseudo-gradient")
-    outer_lr: Float = Field(0.7, gt=0, le=10, description="outer Nesterov learning rate (DiLoCo: 0.7)")
-    outer_momentum: Float = Field(0.9, ge=0, lt=1, description="outer Nesterov momentum (DiLoCo: 0.9)")
-
-
-class RewardSpec(Strict):
-    """Multi-objective reward schedule (oresearcher.cooperation.rewards)."""
-
-    schedule: Literal["constant", "linear", "cosine"] = Field("cosine", description="novelty-weight schedule")
-    novelty_boost: Float = Field(0.5, ge=0, le=1, description="novelty weight is x(1+b) at the start, x(1-b) at the end")
-    shape_loss: bool = Field(True, description="supervised tasks: the scheduled reward also shapes the training "
-                             "loss (disagreement with the peer ensemble, soft safety rule); RL tasks always "
-                             "optimise the shaped return")
-
-
-class AllocationSpec(Strict):
-    """Dynamic resource allocation (oresearcher.cooperation.allocation)."""
-
-    enabled: bool = Field(True, description="re-divide each round's local steps by reward improvement")
-    temperature: Float = Field(0.1, gt=0, le=1e3, description="softmax temperature over contributions "
-                               "(reward improvements per round, rewards in [0, 1])")
-    floor: Float = Field(0.5, ge=0, le=1, description="minimum share, as a fraction of the equal share (0..1)")
-
-
-class PrivacySpec(Strict):
-    """Differentially private gradient sharing (oresearcher.cooperation.privacy): DP-SGD in every agent."""
-
-    enabled: bool = Field(False, description="clip per-sample gradients and add Gaussian noise before sharing")
-    clip_norm: Float = Field(1.0, gt=0, le=1e6, description="C: per-sample gradient L2 norm bound (gradient units)")
-    noise_multiplier: Optional[Float] = Field(None, ge=0, le=1e4, description="sigma: noise std / C (ratio); "
-                                              "set this or target_epsilon")
-    target_epsilon: Optional[Float] = Field(None, gt=0, le=1e4, description="epsilon to spend in training.steps "
-                                            "steps; picks sigma (opacus get_noise_multiplier)")
-    delta: Float = Field(1e-5, gt=0, lt=1, description="delta of the (epsilon, delta) guarantee (probability)")
-    accountant: Literal["rdp", "prv"] = Field("rdp", description="opacus accountant: rdp or prv")
-    dataset_size: Optional[Int] = Field(None, ge=1, le=10**12, description="samples of each agent's private data "
-                                        "(sample rate = batch / size); default: the task's training split")
-
-    @model_validator(mode="after")
-    def _one_noise_source(self):
-        if self.noise_multiplier is not None and self.target_epsilon is not None:
-            raise ValueError("set noise_multiplier or target_epsilon, not both")
-        if self.enabled and self.noise_multiplier is None and self.target_epsilon is None:
-            raise ValueError("privacy is enabled: set noise_multiplier or target_epsilon")
-        return self
-
-
-class ReplaySpec(Strict):
-    """A prioritized replay pool shared by all agents (oresearcher.cooperation.replay, oresearcher.cooperation.replay_sharing)."""
-
-    enabled: bool = Field(False, description="agents share one prioritized replay pool (cartpole: "
-                          "transitions; digits: hard examples, priority = loss)")
-    capacity: Int = Field(100_000, ge=1, le=10**8, description="entries (transitions) in the pool; the oldest "
-                          "are evicted first")
-    alpha: Float = Field(0.6, ge=0, le=10, description="prioritization exponent: P(i) ~ p_i^alpha (0: uniform)")
-    beta_start: Float = Field(0.4, ge=0, le=1, description="importance-weight exponent at step 0, annealed "
-                              "linearly to 1 at training.steps")
-    sync_every: Int = Field(10, ge=1, le=MAX_STEPS, description="local steps between sharing rounds (one "
-                            "all-gather of new rows and priority updates)")
-    quota: Int = Field(64, ge=1, le=10**6, description="rows one agent may add per sharing round; older "
-                       "ones beyond it are dropped")
-    apex_epsilon: bool = Field(True, description="Ape-X exploration: fixed per-agent epsilons 0.4^(1+7i/(N-1)), "
-                               "the largest to explorers, instead of the decaying schedule")
-
-
-class EnsembleSpec(Strict):
-    """The attention ensemble over the agents' outputs (oresearcher.cooperation.ensemble), supervised tasks."""
-
-    train: bool = Field(False, description="fit it on the validation split at every fusion round; the novelty "
-                        "reward and the distillation teacher use it (false: the plain mean of the agents' "
-                        "log-probabilities)")
-    heads: Int = Field(8, ge=1, le=64, description="attention heads over the agent axis")
-    d_model: Int = Field(16, ge=1, le=4096, description="width the agents' outputs are projected to; a multiple "
-                         "of heads")
-    epochs: Int = Field(50, ge=1, le=100_000, description="full-batch AdamW steps per fit")
-    lr: Float = Field(0.03, gt=0, le=10, description="AdamW learning rate of the fit")
-
-    @model_validator(mode="after")
-    def _heads_divide(self):
-        if self.d_model % self.heads:
-            raise ValueError(f"d_model {self.d_model} is not a multiple of heads {self.heads}")
-        return self
-
-
-class DistillSpec(Strict):
-    """One deployable model from the cluster (oresearcher.cooperation.distill): after cooperative
-    training a student is distilled from the trained ensemble; ``run --export`` saves it."""
-
-    student: Optional[Name] = Field(None, description="the student's model name (a model of workload.task); "
-                                    "unset: no distillation phase")
-    steps: Int = Field(200, ge=1, le=MAX_STEPS, description="distillation steps (the task data split over ranks)")
-    lr: Float = Field(0.003, gt=0, le=10, description="student AdamW learning rate")
-    temperature: Float = Field(4.0, gt=0, le=100, description="softmax temperature of the soft targets")
-    alpha: Float = Field(0.7, ge=0, le=1, description="weight of the soft-target term; 1 - alpha weighs the "
-                         "task loss (cross-entropy on the labels)")
-
-
-class CooperationSpec(Strict):
-    """Options of the cooperative O-Researcher program (training.strategy = oresearcher)."""
-
-    roles: RolePolicySpec = Field(default_factory=RolePolicySpec)
-    fusion: FusionSpec = Field(default_factory=FusionSpec)
-    rewards: RewardSpec = Field(default_factory=RewardSpec)
-    allocation: AllocationSpec = Field(default_factory=AllocationSpec)
-    ensemble: EnsembleSpec = Field(default_factory=EnsembleSpec)
-    privacy: PrivacySpec = Field(default_factory=PrivacySpec)
-    replay: ReplaySpec = Field(default_factory=ReplaySpec)
 
 
 class FsdpSpec(Strict):

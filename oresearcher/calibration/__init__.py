@@ -1,0 +1,3 @@
+"""What ``python -m oresearcher.calibrate`` computes from its measurements: the fabric fit,
+jitter statistics, and the profile documents it writes (the CLI stays in
+:mod:`oresearcher.calibrate`)."""

@@ -1,0 +1,119 @@
+"""Profile documents: the device and fabric YAML documents (and the roofline fields) that
+``oresearcher.calibrate`` writes from a measurement, as the simulator loads them."""
+from __future__ import annotations
+
+import os
+import platform
+import time
+
+import yaml
+
+from ..errors import UserError
+from .fabric_fit import GB, US, FabricFit
+from .jitter import op_jitter_cv, own_slowness, persistence_rho, pooled_cv
+
+
+def compute_rate(m: dict, jitter: bool = False) -> float:
+    """FLOP/s at which the simulator reproduces the measured compute of the program.
+
+    The simulator charges each Compute op ``flops / rate + host overhead``; the measured
+    seconds already hold the host overhead, so it is taken off before dividing. Without
+    jitter the simulated ranks are identical, so the slowest rank's mean sets the pace
+    (``compute_step_s``); with jitter the simulator draws the imbalance itself, so the
+    rate is the mean over ranks (``compute_step_s_mean``) and the pace emerges.
+    """
+    if m["flops_per_step"] <= 0:
+        raise UserError(f"the {m.get('strategy', '?')} program's Compute ops declare no FLOPs; nothing to calibrate")
+    host = m.get("compute_ops_per_step", 0.0) * m["host_overhead_s"]
+    step = m.get("compute_step_s_mean", m["compute_step_s"]) if jitter else m["compute_step_s"]
+    return m["flops_per_step"] / max(step - host, 1e-9)
+
+def jitter_fit(m: dict) -> tuple[float, float]:
+    """The device profile's ``(compute_jitter_cv, compute_jitter_rho)`` from the measured
+    per-step compute times, both fitted to what ranks do not share (:func:`own_slowness`).
+    rho is :func:`persistence_rho` over the program's averaging period; the cv is the
+    step's spread when one factor is drawn per step (rho > 0), else the per-op cv that
+    gives a step that spread."""
+    own = own_slowness(m.get("step_seconds_per_rank", []))
+    step_cv = pooled_cv(own)
+    rho = persistence_rho(own, int(m.get("sync_period", 1))) if step_cv > 0 else 0.0
+    if rho > 0:
+        return step_cv, rho
+    return op_jitter_cv(step_cv, m.get("op_flops", []), compute_rate(m, jitter=True), m["host_overhead_s"]), 0.0
+
+def device_doc(name: str, m: dict, memory_bytes: float, jitter: bool = False) -> dict:
+    """The device profile: achieved FLOP/s per rank with every rank computing at once,
+    and (``jitter``) the spread of a Compute op's duration."""
+    rate = compute_rate(m, jitter)
+    cv, rho = jitter_fit(m) if jitter else (0.0, 0.0)
+    return {
+        "kind": "device",
+        "name": name,
+        # measured at the scenario's dtype; a CPU runs the others no faster
+        "peak_flops": {"fp32": rate, "bf16": rate, "fp16": rate},
+        "efficiency": 1.0,  # the measured rate is already the achieved rate
+        "memory_bytes": float(memory_bytes),
+        "host_overhead_us": m["host_overhead_s"] / US,
+        **({"compute_jitter_cv": cv} if cv > 0 else {}),
+        **({"compute_jitter_rho": rho} if rho > 0 else {}),
+    }
+
+def fabric_doc(name: str, fit: FabricFit) -> dict:
+    return {
+        "kind": "fabric",
+        "name": name,
+        "topology": "switch",  # every rank of the host hangs off the loopback "switch"
+        "bandwidth_GBps": fit.bandwidth_Bps / GB,
+        "efficiency": 1.0,
+        "base_latency_us": fit.base_latency_s / US,
+        "hop_latency_us": fit.hop_latency_s / US,
+        "call_overhead_us": fit.call_overhead_s / US,
+    }
+
+def profile_text(device: dict, fabric: dict, m: dict, errors: list[dict]) -> str:
+    lines = [
+        f"# Calibrated by `python -m oresearcher.calibrate` on {platform.node()} ({os.cpu_count()} cores),",
+        f"# {m['backend']} with {m['world_size']} ranks, {time.strftime('%Y-%m-%d %H:%M')}.",
+        f"# compute: the {m.get('strategy', '?')} program declares {m['flops_per_step']:.4g} FLOP per step in "
+        f"{m.get('compute_ops_per_step', 0):.0f} Compute ops, measured {m['compute_step_s'] * 1e3:.3f} ms on the "
+        f"slowest rank (all ranks at once, {m['dtype']}; per rank: "
+        + ", ".join(f"{1e3 * t:.3f}" for t in m.get("compute_step_s_per_rank", [])) + " ms; "
+        + "step time spread (std/mean) per rank: "
+        + ", ".join(f"{c:.2f}" for c in m.get("compute_cv_per_rank", [])) + ").",
+        f"# compute jitter: per-step spread pooled over ranks {pooled_cv(m.get('step_seconds_per_rank', [])):.3f}, "
+        f"not shared with the other ranks {pooled_cv(own_slowness(m.get('step_seconds_per_rank', []))):.3f}"
+        f" -> compute_jitter_cv {device.get('compute_jitter_cv', 0.0):.3f} per "
+        + ("step" if device.get("compute_jitter_rho") else "Compute op") + "; "
+        + (f"persistence over the program's {m['sync_period']}-step averaging period -> "
+           f"compute_jitter_rho {device.get('compute_jitter_rho', 0.0):.3f}."
+           if m.get("sync_period", 1) > 1 else "the program synchronises every step: no persistence to fit."),
+        f"# in-run collectives: {m.get('inrun_factor', 1.0):.3f} x the idle sweep's fit (geometric mean of "
+        "measured / fitted over the program's own collectives, every rank busy; 1: not applied).",
+        "# collective fit (ring model): kind, bytes, measured us, fitted us, error "
+        "(* the workload's sizes, idle; ** in the program's own run)",
+    ]
+    for e in errors:
+        kind = e["kind"] + ("**" if e.get("in_run") else "*" if e.get("workload") else "")
+        lines.append(f"#   {kind:<10} {e['bytes']:>10} {e['time_s'] / US:>11.1f} {e['predicted_s'] / US:>11.1f} "
+                     f"{e['error']:+7.1%}")
+    docs = [device, fabric]
+    if m.get("roofline"):
+        docs.append(roofline_doc(device, m["roofline"]))
+        lines.append(f"# roofline ({device['name']}-roofline, sim/roofline.py): rates measured on rank 0 after the "
+                     "sweep at the workload's shapes (backends/device_rates.py)")
+    body = yaml.safe_dump_all(docs, sort_keys=False, explicit_start=False)
+    return "\n".join(lines) + "\n" + body
+
+def roofline_doc(device: dict, rates: dict) -> dict:
+    """A second device profile, ``<name>-roofline``: the roofline model with this host's
+    measured matmul rate (as its peak), attention rate, memory bandwidth and launch cost.
+    The flat profile stays the default: its rate is fitted to the calibrated program
+    itself; the roofline one predicts other models and batch sizes from first principles."""
+    from oresearcher.backends.device_rates import profile_fields
+
+    rate = rates["matmul_flops"]
+    return {"kind": "device", "name": device["name"] + "-roofline",
+            "peak_flops": {"fp32": rate, "bf16": rate, "fp16": rate}, "efficiency": 1.0,
+            "memory_bytes": device["memory_bytes"], "host_overhead_us": device["host_overhead_us"],
+            "compute_model": "roofline", "foreach_optimizer": rates.get("foreach_optimizer", False),
+            **profile_fields(rates)}

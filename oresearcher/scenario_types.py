@@ -1,0 +1,49 @@
+"""The building blocks every section of a scenario shares: ranges, number types that refuse
+true/false, names, the strict base model, and the strategy and algorithm vocabularies.
+:mod:`oresearcher.scenario` assembles the sections; this module has no section of its own."""
+from __future__ import annotations
+
+import re
+from typing import Annotated
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+
+MB = 10**6
+MAX_WORLD = 16384  # ranks (nodes x gpus_per_node, agents): the largest clusters trained on today
+MAX_STEPS = 10**7
+MAX_BATCH = 2**20  # sequences per step
+MAX_SEQ = 2**20  # tokens per sequence
+MAX_SEED = 2**32 - 1
+MAX_NAME = 100  # characters of a device, fabric or model name
+SLUG = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+
+def _not_bool(v):
+    if isinstance(v, bool):
+        raise ValueError("expected a number, not true/false")
+    return v
+
+
+Int = Annotated[int, BeforeValidator(_not_bool)]
+Float = Annotated[float, BeforeValidator(_not_bool)]
+Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME)]
+
+STRATEGIES = ("oresearcher", "ddp", "local_sgd", "diloco", "single", "fsdp")
+# asked for by name, answered by another strategy: (strategy, why)
+STRATEGY_ALIASES = {
+    "colossalai": ("fsdp", "ColossalAI pins torch <= 2.5.1 and cannot be installed beside this torch; "
+                   "torch's own FSDP2 (fully_shard) gives the same ZeRO-3 sharding"),
+}
+
+
+def strategy_alias_error(name, flag: str = "strategy ") -> str | None:
+    """One line saying which strategy ``name`` maps to and why, or None for other names."""
+    if not isinstance(name, str) or name.lower() not in STRATEGY_ALIASES:
+        return None
+    target, why = STRATEGY_ALIASES[name.lower()]
+    return f"{flag}{name} maps to {target}: {why}; use {flag}{target}"
+ALGORITHMS = ("auto", "ring", "tree", "direct", "halving_doubling", "hierarchical")
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
