@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass, field
 
 import torch
 
@@ -62,83 +61,17 @@ from ..cooperation import replay_sharing as RS
 from ..cooperation import roles as R
 from ..cooperation.allocation import AllocationState
 from ..cooperation.budget_round import BudgetRun
-from ..codecs.collectives import two_phase_allreduce
-from ..cooperation.fusion import HeterogeneousEnsemble, fuse, group_weights
-from ..ops import AllGather, AllReduce, Compute, StepDone
+from ..cooperation.fusion import fuse, group_weights
+from ..ops import Compute, StepDone
 from ..cooperation.outer import OuterNesterov
 from ..cooperation.replay import PrioritizedReplay
-from ..cooperation.rewards import reward, scheduled_weights, tv_novelty
+from ..cooperation.rewards import scheduled_weights
+from .data_parallel import reduce_buckets
+from .cooperative_round import (  # noqa: F401 (GroupState, LoopState, ... importable from here too)
+    GroupState, LoopState, _gen, arch_group, arch_ids, gather_params, initial_lr_mult, round_lengths, round_rewards,
+    step_cost, validate)
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class GroupState:
-    """What every rank knows about the whole group; identical on every rank."""
-
-    roles: list
-    lr_mult: list
-    val_losses: list = field(default_factory=list)  # best healthy val loss per round
-    rewards: list = field(default_factory=list)  # per round, one per agent
-    round: int = 0
-
-    def state_dict(self) -> dict:
-        return {"roles": list(self.roles), "lr_mult": list(self.lr_mult), "val_losses": list(self.val_losses),
-                "rewards": [list(r) for r in self.rewards], "round": self.round}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.roles, self.lr_mult = list(state["roles"]), list(state["lr_mult"])
-        self.val_losses, self.rewards = list(state["val_losses"]), [list(r) for r in state["rewards"]]
-        self.round = int(state["round"])
-
-
-@dataclass
-class LoopState:
-    """Where this agent stands at a round boundary: the next round, its own StepDone
-    counter (agents take different numbers of steps) and the next round's planned steps."""
-
-    round: int = 0
-    step: int = 0
-    steps_now: list = field(default_factory=list)
-
-    def state_dict(self) -> dict:
-        return {"round": self.round, "step": self.step, "steps_now": list(self.steps_now)}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.round, self.step = int(state["round"]), int(state["step"])
-        self.steps_now = [int(x) for x in state["steps_now"]]
-
-
-def arch_ids(scenario) -> list:
-    archs = scenario.agents.architectures
-    return list(archs) if archs else [scenario.workload.model] * scenario.world_size
-
-
-def arch_group(ids: list, rank: int):
-    """Ranks sharing rank's architecture; None (the world) when everyone does."""
-    members = tuple(i for i, a in enumerate(ids) if a == ids[rank])
-    return None if len(members) == len(ids) else members
-
-
-def round_lengths(steps: int, interval: int) -> list[int]:
-    """Base steps of each round: ``interval`` each, the last takes the remainder."""
-    full, rest = divmod(steps, interval)
-    return [interval] * full + ([rest] if rest else [])
-
-
-def step_cost(role: str, method: str) -> int:
-    """Compute units of one local step: a SAM step is two forward-backward passes."""
-    return 2 if role == "optimizer" and method == "sam" else 1
-
-
-def initial_lr_mult(seed: int, n: int, jitter: float) -> list[float]:
-    """Per-agent lr multipliers exp(U(-j, j)) (heterogeneous hyperparameters), seeded."""
-    g = torch.Generator().manual_seed(seed * 7919 + 17)
-    return [float(math.exp(jitter * (2 * float(torch.rand((), generator=g)) - 1))) for _ in range(n)]
-
-
-def _gen(seed: int, rnd: int, agent: int) -> torch.Generator:
-    return torch.Generator().manual_seed(((seed * 1_000_003 + rnd) * 1009 + agent) % (2**63))
 
 
 def _set_lr(learner, lr: float) -> None:
@@ -173,15 +106,7 @@ def train_step(ctx, learner, role, cfg, share_group, share, codec, privacy=None,
         if timer is not None:  # communication.budget: time blocked at the share
             timer.begin_share()
         buckets = yield Compute(_finite_buckets, learner, name="pack")
-        reduced = []
-        for i, b in enumerate(buckets):
-            if codec is None:
-                reduced.append((yield AllReduce(b, group=share_group, op="avg", name="grad_share")))
-            else:  # compressed: each rank's codec state (error feedback) is keyed per bucket;
-                # two-phase keeps the codec's saving where an all-gather of payloads would not
-                reduced.append((yield from two_phase_allreduce(codec, b, rank=ctx.rank, group=share_group,
-                                                               world_size=ctx.world_size, key=f"grad{i}",
-                                                               average=True)))
+        reduced = yield from reduce_buckets(ctx, buckets, share_group, codec, name="grad_share")
         if timer is not None:
             timer.end_share()
         yield Compute(learner.apply_grads, reduced, name="optimizer")
@@ -198,67 +123,6 @@ def _finite_buckets(learner) -> list:
         log.warning("non-finite gradients: this agent shares zeros until the fusion round")
         buckets = [torch.zeros_like(b) for b in buckets]
     return buckets
-
-
-def gather_params(ctx, learner, pad_to: int):
-    """AllGather of every agent's flat parameters, zero-padded to ``pad_to``."""
-    flat = yield Compute(learner.flat_params, name="pack")
-    if flat.numel() < pad_to:
-        flat = torch.cat([flat.reshape(-1), torch.zeros(pad_to - flat.numel(), dtype=flat.dtype, device=flat.device)])
-    return (yield AllGather(flat, name="param_gather"))
-
-
-def _novelty(probs: list, ens=None) -> list[float]:
-    """Each agent's TV distance to the attention ensemble of the others: the trained one
-    (oresearcher.cooperation.ensemble) once it has been fitted, else the plain mean (oresearcher.cooperation.fusion)."""
-    n = len(probs)
-    if n < 2:
-        return [0.0] * n
-    if ens is not None and ens.fits:
-        return E.loo_novelty(ens, probs)
-    width = max(p.shape[-1] for p in probs)
-    out = []
-    # fork_rng: building the ensemble draws initial weights (then overwritten); keep that
-    # off the global generator so tasks that use it see the same stream on every backend
-    with torch.no_grad(), torch.random.fork_rng(devices=[]):
-        for j in range(n):
-            others = [probs[k] for k in range(n) if k != j]
-            ens = HeterogeneousEnsemble([p.shape[-1] for p in others], width)(others)
-            out.append(float(tv_novelty(torch.nn.functional.pad(probs[j], (0, width - probs[j].shape[-1])), ens)))
-    return out
-
-
-def validate(ctx, learner, flats, ids, role, train_loss, numeric):
-    """Validators score every agent; everyone AllGathers the scores; returns Published."""
-    n = ctx.world_size
-    rows = None
-    if role == "validator" and numeric and hasattr(learner, "evaluate_params"):
-        results = []
-        for j in range(n):
-            res = yield Compute(learner.evaluate_params, flats[j], ids[j], name="validate")
-            yield Compute(flops=float(res.get("flops", 0.0)), name="validate")
-            results.append(res)
-        nov = yield Compute(_novelty, [r["probs"] for r in results], ctx.state.get("ensemble"), name="novelty")
-        rows = torch.tensor([[r[c] if c != "novelty" else nov[j] for c in R.REPORT_COLUMNS]
-                             for j, r in enumerate(results)], dtype=torch.float64)
-    dev = ctx.device if numeric else torch.device("meta")
-    report = R.encode_report(rows, n, train_loss).to(dev)
-    gathered = yield AllGather(report, name="score_gather")
-    if not numeric:
-        return None
-    return R.decode_reports([g.cpu() for g in gathered], n, ctx.scenario.cooperation.roles.divergence_factor)
-
-
-def round_rewards(pub, weights) -> tuple[torch.Tensor, torch.Tensor]:
-    """(reliability, reward) per agent; without validator scores, from training losses."""
-    if pub.columns:
-        rel = pub.columns["metric"]
-        rew = reward(rel, pub.columns["novelty"], pub.columns["safety"], weights)
-    else:  # no held-out scorer: a bounded, decreasing function of the training loss
-        rel = 1.0 / (1.0 + pub.train_loss.clamp(min=0))
-        rew = reward(rel, torch.zeros_like(rel), torch.isfinite(pub.train_loss).double(), weights)
-    rew = torch.where(pub.excluded, torch.full_like(rew, float("nan")), rew)
-    return rel, rew
 
 
 # ---- the program ------------------------------------------------------------------------

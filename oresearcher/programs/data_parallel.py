@@ -49,30 +49,34 @@ def allreduce_grads(ctx, learner, overlap: bool, guard: Guard | None = None, ste
     return metrics, reduced
 
 
+def reduce_buckets(ctx, buckets, group, codec, name: str = "grad_bucket"):
+    """Average ``buckets`` over ``group``, one after the other: an all-reduce each, or with a
+    ``codec`` its two-phase compressed all-reduce (each rank's codec state, error feedback,
+    keyed per bucket; two-phase keeps the codec's saving where an all-gather of payloads
+    would not). The one bucket loop of every program that shares gradients."""
+    reduced = []
+    for i, b in enumerate(buckets):
+        if codec is None:
+            reduced.append((yield AllReduce(b, group=group, op="avg", name=name)))
+        else:
+            reduced.append((yield from two_phase_allreduce(codec, b, rank=ctx.rank, group=group,
+                                                           world_size=ctx.world_size, key=f"grad{i}", average=True)))
+    return reduced
+
+
 def _share(ctx, learner, buckets, overlap: bool):
     """The backward compute and the gradient all-reduces of ``buckets``; returns them averaged."""
     shares = _backward_shares(learner, buckets)
-    codec = ctx.codec
-    if codec is not None:
+    if ctx.codec is not None or not overlap:  # compressed exchanges are blocking sequences of ops
         yield Compute(flops=sum(shares), name="backward")
-        reduced = []
-        for i, b in enumerate(buckets):
-            reduced.append((yield from two_phase_allreduce(codec, b, rank=ctx.rank, group=ctx.group,
-                                                           world_size=ctx.world_size, key=f"grad{i}", average=True)))
-        return reduced
-    if overlap:
-        handles = []
-        for i, (b, f) in enumerate(zip(buckets, shares)):
-            yield Compute(flops=f, name="backward")
-            handles.append((yield AllReduce(b, group=ctx.group, op="avg", async_op=True, name="grad_bucket")))
-        reduced = []
-        for h in handles:
-            reduced.append((yield Wait(h)))
-    else:
-        yield Compute(flops=sum(shares), name="backward")
-        reduced = []
-        for b in buckets:
-            reduced.append((yield AllReduce(b, group=ctx.group, op="avg", name="grad_bucket")))
+        return (yield from reduce_buckets(ctx, buckets, ctx.group, ctx.codec))
+    handles = []
+    for b, f in zip(buckets, shares):  # each bucket's all-reduce overlaps the rest of backward
+        yield Compute(flops=f, name="backward")
+        handles.append((yield AllReduce(b, group=ctx.group, op="avg", async_op=True, name="grad_bucket")))
+    reduced = []
+    for h in handles:
+        reduced.append((yield Wait(h)))
     return reduced
 
 
