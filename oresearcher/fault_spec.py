@@ -23,25 +23,13 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, Optional
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from .scenario_types import MAX_WORLD, Float, Int
+from .scenario_types import Strict as _Strict
 
 MAX_TIME_S = 1e9  # ~32 years of simulated time
-MAX_WORLD = 16384
-
-
-def _not_bool(v):
-    if isinstance(v, bool):
-        raise ValueError("expected a number, not true/false")
-    return v
-
-
-Int = Annotated[int, BeforeValidator(_not_bool)]
-Float = Annotated[float, BeforeValidator(_not_bool)]
 Seconds = Annotated[Float, Field(ge=0, le=MAX_TIME_S)]
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class StragglerSpec(_Strict):

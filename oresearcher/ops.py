@@ -303,3 +303,17 @@ def _meta_results(op_kind: str, inputs, n: int) -> list:
     if op_kind == "AllToAll":
         return [[inputs[j].tensors[i] for j in range(n)] for i in range(n)]
     raise ValueError(f"unknown collective {op_kind}")
+
+
+def tap(gen, on_op):
+    """Pass ``gen``'s ops through unchanged, calling ``on_op(op)`` on each before it is
+    yielded; returns ``gen``'s return value. Tests use it to log or
+    snapshot programs; distillation counts the FLOPs a program charged."""
+    value = None
+    while True:
+        try:
+            op = gen.send(value)
+        except StopIteration as stop:
+            return stop.value
+        on_op(op)
+        value = yield op

@@ -1,19 +1,15 @@
 """Scenario files: parsed once, at the boundary, into validated typed models.
 
-A scenario is a YAML file (see ``scenarios/``). ``load_scenario`` reads it with a
-budgeted safe loader (:mod:`oresearcher.yamlsafe`: size, alias and depth caps, no
-duplicate keys, no empty file), applies ``--set path.to.field=value`` overrides and
-validates it; unknown keys are errors. Every error is a
-:class:`~oresearcher.errors.UserError` whose one line names the file, the field path and
-the bad value (at most ~200 characters of it). Nothing downstream passes raw dicts around.
-
-Every number has a finite range that a real run could use (``MAX_WORLD`` ranks,
-``MAX_STEPS`` steps, ...), so a typo fails here instead of hanging the simulator or
-starting 262,144 ranks; ``true``/``false`` are not numbers; ``name`` is a slug (it names
-the output directory, so it must not be a path).
-
-Units: sizes in the scenario carry their unit in the field name (``bucket_size_MB``,
-MB = 10^6 bytes); everything inside the code is seconds, bytes, bytes/s and FLOP/s.
+``load_scenario`` reads a YAML file (``scenarios/``) with a budgeted safe loader
+(:mod:`oresearcher.yamlsafe`: size, alias and depth caps, no duplicate keys, no empty
+file), applies ``--set path.to.field=value`` overrides and validates it; unknown keys are
+errors. Every error is a :class:`~oresearcher.errors.UserError` whose one line names the
+file, the field path and the bad value (at most ~200 characters of it). Every number has
+a finite range (:mod:`oresearcher.scenario_types`), ``true``/``false`` are not numbers,
+``name`` is a slug. Sections: here, :mod:`oresearcher.cooperation.spec`,
+:mod:`oresearcher.fault_spec`, :mod:`oresearcher.tasks.finance_spec`. Units: sizes
+carry theirs in the field name (``bucket_size_MB``, MB = 10^6 bytes); everything inside
+the code is seconds, bytes, bytes/s and FLOP/s.
 """
 from __future__ import annotations
 
@@ -27,6 +23,7 @@ from . import yamlsafe
 from .cooperation.spec import CooperationSpec, DistillSpec
 from .errors import UserError, short
 from .fault_spec import FaultsSpec
+from .tasks.finance_spec import FinanceSpec
 from .scenario_types import (  # noqa: F401 (MB, SLUG, strategy_alias_error: part of this module's API)
     ALGORITHMS, MAX_BATCH, MAX_SEED, MAX_SEQ, MAX_STEPS, MAX_WORLD, MB, SLUG, STRATEGIES, Float, Int, Name, Strict,
     strategy_alias_error)
@@ -200,30 +197,6 @@ class FsdpSpec(Strict):
     def group_size(self, world_size: int) -> int:
         """Ranks per shard group (0 means the world)."""
         return self.shard_group_size or world_size
-
-
-class ComplianceRuleSpec(Strict):
-    """One rule of the finance task's compliance engine (oresearcher.tasks.finance_compliance)."""
-
-    kind: Literal["max_ratio", "protected"] = Field(
-        description="max_ratio: approving above `limit` is a breach; protected: flipping this 0/1 input "
-                    "must not change the decision")
-    feature: Name = Field(description="the column checked, e.g. pirat (payment-to-income), afam, married")
-    limit: Optional[Float] = Field(None, gt=0, le=1e6, description="max_ratio: the largest allowed value (ratio)")
-    hard: bool = Field(True, description="a breach vetoes the decision (else it only lowers the compliance score)")
-
-    @model_validator(mode="after")
-    def _limit(self):
-        if (self.kind == "max_ratio") != (self.limit is not None):
-            raise ValueError("limit is required by kind max_ratio and only by it")
-        return self
-
-
-class FinanceSpec(Strict):
-    """The finance case study (workload.task = finance): the compliance agent's rules, as data."""
-
-    rules: list[ComplianceRuleSpec] = Field(default_factory=list, max_length=64,
-                                            description="rules every proposed credit decision is scored against")
 
 
 class Scenario(Strict):

@@ -15,6 +15,7 @@ from collections import defaultdict, deque
 from typing import Generator, Sequence
 
 from . import ops as O
+from .ops import tap  # noqa: F401 (tests import it from here)
 
 
 class Deadlock(RuntimeError):
@@ -110,15 +111,3 @@ def run_programs(programs: Sequence[Generator]) -> list[list[O.StepDone]]:
             raise Deadlock(f"no rank can proceed; blocked: {[b and b[0] for b in blocked]}")
     return steps
 
-
-def tap(gen: Generator, on_op) -> Generator:
-    """Pass ``gen``'s ops through unchanged, calling ``on_op(op)`` on each before it is
-    yielded; returns ``gen``'s return value. Tests use it to log or snapshot programs."""
-    value = None
-    while True:
-        try:
-            op = gen.send(value)
-        except StopIteration as stop:
-            return stop.value
-        on_op(op)
-        value = yield op

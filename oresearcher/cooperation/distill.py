@@ -38,7 +38,7 @@ import torch.nn.functional as F
 
 from . import ensemble as E
 from ..errors import UserError
-from ..ops import AllReduce, Compute, StepDone
+from ..ops import AllReduce, Compute, StepDone, tap
 from ..programs.cooperative import cooperative
 from ..workloads import measure_module
 
@@ -108,17 +108,12 @@ def program(ctx, learner):
 
 def _counted(gen, count: dict):
     """Pass ``gen``'s ops through, adding up this rank's Compute FLOPs and its last StepDone."""
-    value = None
-    while True:
-        try:
-            op = gen.send(value)
-        except StopIteration as stop:
-            return stop.value
+    def on_op(op):
         if isinstance(op, Compute):
             count["flops"] += float(op.flops or 0.0)
         elif isinstance(op, StepDone):
             count["last_step"] = op.step
-        value = yield op
+    return (yield from tap(gen, on_op))
 
 
 def distill_shape(ctx, learner, first_step: int):

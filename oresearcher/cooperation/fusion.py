@@ -92,16 +92,23 @@ def group_weights(flat: torch.Tensor, reliability: torch.Tensor, excluded: torch
                   method: str = "attention", temperature: float = 0.1,
                   similarity_weight: float = 0.5) -> torch.Tensor:
     """The [n, n] fusion weights of one architecture group, by ``method``."""
-    n = flat.shape[0]
+    return weights_from_similarity(flat.shape[0], lambda idx: rbf_similarity(flat[idx]), reliability, excluded,
+                                   method=method, temperature=temperature, similarity_weight=similarity_weight)
+
+
+def weights_from_similarity(n: int, similarity_of, reliability, excluded, *, method: str = "attention",
+                            temperature: float = 0.1, similarity_weight: float = 0.5) -> torch.Tensor:
+    """[n, n] fusion weights, given ``similarity_of(idx)``: the [k, k] similarity of the
+    healthy agents ``idx`` (whole parameters, or shard-wise distances summed)."""
     if method == "average":
         return average_weights(n, excluded)
     if method != "attention":
         raise ValueError(f"unknown fusion method {method!r}")
     ok = ~torch.as_tensor(excluded, dtype=torch.bool)
     sim = torch.ones(n, n, dtype=torch.float64)
-    if int(ok.sum()) >= 2:  # distances among the healthy agents only (NaNs stay out)
+    if int(ok.sum()) >= 2:  # similarity among the healthy agents only (NaNs stay out)
         idx = torch.nonzero(ok).reshape(-1)
-        sim[idx.unsqueeze(1), idx.unsqueeze(0)] = rbf_similarity(flat[idx])
+        sim[idx.unsqueeze(1), idx.unsqueeze(0)] = similarity_of(idx)
     return fusion_weights(attention_scores(reliability, sim, similarity_weight), excluded, temperature)
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import torch
 
-from .fusion import attention_scores, average_weights, fusion_weights
+from .fusion import weights_from_similarity
 from ..ops import AllGather, AllReduce, Compute
 
 
@@ -49,17 +49,9 @@ def weights_from_sq_distances(d2: torch.Tensor, reliability, excluded, *, method
                               temperature: float = 0.1, similarity_weight: float = 0.5) -> torch.Tensor:
     """The [n, n] fusion weights :func:`oresearcher.cooperation.fusion.group_weights` gives, from the
     agents' squared distances instead of their parameters."""
-    n = d2.shape[0]
-    if method == "average":
-        return average_weights(n, excluded)
-    if method != "attention":
-        raise ValueError(f"unknown fusion method {method!r}")
-    ok = ~torch.as_tensor(excluded, dtype=torch.bool)
-    sim = torch.ones(n, n, dtype=torch.float64)
-    if int(ok.sum()) >= 2:  # distances among the healthy agents only, as group_weights does
-        idx = torch.nonzero(ok).reshape(-1)
-        sim[idx.unsqueeze(1), idx.unsqueeze(0)] = rbf_from_sq_distances(d2[idx][:, idx])
-    return fusion_weights(attention_scores(reliability, sim, similarity_weight), excluded, temperature)
+    return weights_from_similarity(d2.shape[0], lambda idx: rbf_from_sq_distances(d2[idx][:, idx]), reliability,
+                                   excluded, method=method, temperature=temperature,
+                                   similarity_weight=similarity_weight)
 
 
 def fuse_shard(shards: list[torch.Tensor], row: torch.Tensor) -> torch.Tensor:
