@@ -14,6 +14,7 @@ from oresearcher.wire import (  # noqa: F401 (re-exported: the simulator's vocab
     ALGORITHMS, DIRECT_MAX_RANKS, SUPPORTED, Phase, ranks_by_node, tree_edges, phases, ring_bytes_per_rank,
     wire_bytes_by_rank, wire_bytes_per_rank)
 
+from . import nccl as N
 from .network import maxmin_rates
 
 
@@ -73,44 +74,50 @@ def plan(kind: str, ranks: tuple, nbytes: float, topo, requested: str = "auto", 
     return Plan(algo, fixed_cost(kind, ranks, topo), tuple(ph), tuple((phase_latency(p, topo), p) for p in ph))
 
 
-def _nccl_p2p_plan(kind, ranks, S, topo) -> Plan:
-    """NCCL's send/recv (all-to-all is one send and one receive per peer, grouped)."""
-    from . import nccl as N
-
-    p = topo.intra.nccl
-    ph = phases(kind, "direct", ranks, S, topo.node_of)
-    per_peer = S if kind == "SendRecv" else S / len(ranks)
-    cross = any(not topo.same_node(s, d) for q in ph for s, d, _ in q.flows)
-    net = topo.inter.nccl_net if (cross and topo.inter is not None) else None
-    if cross and net is None:
+def _nccl_net(topo, crosses: bool):
+    """The network's NCCL step latencies when a collective crosses nodes (else None)."""
+    if not crosses:
+        return None
+    net = topo.inter.nccl_net if topo.inter is not None else None
+    if net is None:
         raise ValueError(f"inter-node fabric {topo.inter.name if topo.inter else None!r} has no nccl_net section")
-    c = N.p2p(per_peer, p, net, topo.intra.bandwidth if not cross else topo.inter.bandwidth)
+    return net
+
+
+def _nccl_result(c, ph, topo, local_gpus: int) -> Plan:
+    """The plan of an NCCL choice ``c`` over payload phases ``ph``: flows timed at its
+    bandwidth factor, its latency first, and the host's launch floor for ``local_gpus``."""
     timing = tuple((0.0, Phase(tuple((s, d, b / c.bw_factor) for s, d, b in q.flows), q.steps)) for q in ph)
-    groups = ranks_by_node(ranks, topo.node_of)
-    local = max(len(g) for g in groups) if groups else len(ranks)
-    floor = N.host_floor(topo.launch, local if kind == "AllToAll" else 1, topo.intra.call_overhead, p.launch_us * 1e-6)
+    floor = N.host_floor(topo.launch, local_gpus, topo.intra.call_overhead, topo.intra.nccl.launch_us * 1e-6)
     return Plan(c.label, c.latency, tuple(ph), timing, floor)
 
 
-def _nccl_plan(kind, ranks, S, topo, requested, root) -> Plan:
-    from . import nccl as N
+def _local_gpus(ranks, groups) -> int:
+    return max(len(g) for g in groups) if groups else len(ranks)
 
+
+def _nccl_p2p_plan(kind, ranks, S, topo) -> Plan:
+    """NCCL's send/recv (all-to-all is one send and one receive per peer, grouped)."""
+    ph = phases(kind, "direct", ranks, S, topo.node_of)
+    per_peer = S if kind == "SendRecv" else S / len(ranks)
+    cross = any(not topo.same_node(s, d) for q in ph for s, d, _ in q.flows)
+    c = N.p2p(per_peer, topo.intra.nccl, _nccl_net(topo, cross),
+              topo.intra.bandwidth if not cross else topo.inter.bandwidth)
+    local = _local_gpus(ranks, ranks_by_node(ranks, topo.node_of)) if kind == "AllToAll" else 1
+    return _nccl_result(c, ph, topo, local)
+
+
+def _nccl_plan(kind, ranks, S, topo, requested, root) -> Plan:
     if kind in ("AllToAll", "SendRecv"):
         return _nccl_p2p_plan(kind, ranks, S, topo)
     p = topo.intra.nccl
     groups = ranks_by_node(ranks, topo.node_of)
     nodes = len(groups) if groups else len({topo.node_of[r] for r in ranks})
-    net = topo.inter.nccl_net if (nodes > 1 and topo.inter is not None) else None
-    if nodes > 1 and net is None:
-        raise ValueError(f"inter-node fabric {topo.inter.name if topo.inter else None!r} has no nccl_net section")
     total = S * len(ranks) if kind == "AllGather" else S  # NCCL counts the whole buffer
-    c = N.choose(kind, total, len(ranks), nodes, topo.bus_bandwidth(ranks), p, net, requested)
+    c = N.choose(kind, total, len(ranks), nodes, topo.bus_bandwidth(ranks), p, _nccl_net(topo, nodes > 1), requested)
     rails = min(p.channels, len(groups[0])) if (groups and nodes > 1) else 1
     ph = _rail_phases(kind, c.algorithm, ranks, S, groups if nodes > 1 else None, rails, root)
-    timing = tuple((0.0, Phase(tuple((s, d, b / c.bw_factor) for s, d, b in q.flows), q.steps)) for q in ph)
-    local = max(len(g) for g in groups) if groups else len(ranks)
-    floor = N.host_floor(topo.launch, local, topo.intra.call_overhead, p.launch_us * 1e-6)
-    return Plan(c.label, c.latency, tuple(ph), timing, floor)
+    return _nccl_result(c, ph, topo, _local_gpus(ranks, groups))
 
 
 def _rail_orders(ranks, groups, rails):
