@@ -31,7 +31,6 @@ tensors and plain containers only, never pickled code.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -43,6 +42,7 @@ from typing import Iterable, Optional
 import torch
 
 from oresearcher.errors import UserError
+from oresearcher.files import sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -81,20 +81,12 @@ def save_atomic(obj, path: Path) -> None:
     _write_atomic(path, lambda f: torch.save(obj, f))
 
 
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def save_checkpoint(root: Path, step: int, rank: int, world_size: int, state: dict) -> Path:
     """This rank's file of ``step``, then its manifest (written last: it makes the step held)."""
     path = rank_file(root, step, rank)
     save_atomic(state, path)
     manifest = {"step": int(step), "rank": int(rank), "world_size": int(world_size),
-                "files": {path.name: {"bytes": path.stat().st_size, "sha256": sha256(path)}}}
+                "files": {path.name: {"bytes": path.stat().st_size, "sha256": sha256_file(path)}}}
     _write_atomic(manifest_file(root, step, rank), lambda f: f.write(json.dumps(manifest).encode()))
     return path
 
@@ -116,7 +108,7 @@ def invalid(root: Path, step: int, rank: int) -> Optional[str]:
         return f"{path.name} is missing"
     if path.stat().st_size != size:
         return f"{path.name} has {path.stat().st_size} bytes, its manifest says {size}"
-    if sha256(path) != digest:
+    if sha256_file(path) != digest:
         return f"{path.name} fails its checksum"
     return None
 

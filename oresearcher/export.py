@@ -22,7 +22,6 @@ architecture's names, shapes and dtypes exactly. Weights reload bit for bit.
 """
 from __future__ import annotations
 
-import hashlib
 import importlib
 import json
 import sys
@@ -31,20 +30,13 @@ from pathlib import Path
 import torch
 
 from .errors import UserError, cli_main, short
+from .files import sha256_file
 
 FORMAT = "oresearcher-model/1"
 WEIGHTS, META = "model.safetensors", "model.json"
 MAX_META_BYTES = 1 << 20
 FIELDS = {"format": str, "task": str, "architecture": str, "preprocessing": dict, "n_classes": int,
           "weights_sha256": str}
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def save_model(directory, module: torch.nn.Module, *, task: str, architecture: str, preprocessing: dict,
@@ -59,7 +51,7 @@ def save_model(directory, module: torch.nn.Module, *, task: str, architecture: s
     save_file(tensors, str(tmp), metadata={"format": FORMAT})
     tmp.replace(out / WEIGHTS)
     meta = {"format": FORMAT, "task": task, "architecture": architecture, "preprocessing": preprocessing,
-            "n_classes": int(n_classes), "weights_sha256": _sha256(out / WEIGHTS),
+            "n_classes": int(n_classes), "weights_sha256": sha256_file(out / WEIGHTS),
             "metrics": {k: float(v) for k, v in (metrics or {}).items() if isinstance(v, (int, float))},
             "scenario": scenario}
     (out / META).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
@@ -109,7 +101,7 @@ def load_model(directory) -> tuple[torch.nn.Module, dict]:
     weights = Path(directory) / WEIGHTS
     if not weights.is_file():
         raise UserError(f"{weights}: no such file")
-    if _sha256(weights) != meta["weights_sha256"]:
+    if sha256_file(weights) != meta["weights_sha256"]:
         raise UserError(f"{weights}: SHA-256 differs from the one in {META} (modified or damaged); refusing it")
     try:
         tensors = load_file(str(weights))
