@@ -27,3 +27,18 @@ def model_names(task: str) -> tuple[str, ...]:
     """The model names ``task`` can build (its MODELS; synthetic-lm: the transformer PRESETS)."""
     module = importlib.import_module(TASKS[task])
     return tuple(getattr(module, "MODELS", None) or getattr(module, "PRESETS"))
+
+
+def agent_model(scenario, rank: int, mode: str, models) -> tuple[str, int]:
+    """(model name, per-rank batch) of a task that trains real values: refuses shape mode
+    and a model the task does not have, in one line naming the task."""
+    from ..errors import UserError
+
+    task = scenario.workload.task
+    if mode == "shape":
+        raise UserError(f"workload.task={task} runs in numeric or real mode only (simulation.mode: numeric)")
+    archs = scenario.agents.architectures
+    arch = archs[rank] if archs else scenario.workload.model
+    if arch not in models:
+        raise UserError(f"workload.model: {task} has models {', '.join(models)} (got {arch!r})")
+    return arch, max(1, scenario.workload.global_batch // scenario.world_size)

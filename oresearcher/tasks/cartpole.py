@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import UserError
+from . import agent_model
 from ..programs.learner import TorchLearner
 from ..cooperation.rewards import centre_band_safety, count_novelty
 from ..workloads import measure_module
@@ -294,15 +295,10 @@ class CartPoleLearner(TorchLearner):
 
 
 def make_learner(scenario, rank: int, *, mode: str, device="cpu") -> CartPoleLearner:
-    if mode == "shape":
-        raise UserError("workload.task=cartpole runs in numeric or real mode only (simulation.mode: numeric)")
+    arch, batch = agent_model(scenario, rank, mode, MODELS)
     if torch.device(device).type != "cpu":
         raise UserError("workload.task=cartpole runs on CPU only (its environment steps are on the host)")
     w, n = scenario.workload, scenario.world_size
-    archs = scenario.agents.architectures
-    arch = archs[rank] if archs else w.model
-    if arch not in MODELS:
-        raise UserError(f"workload.model: cartpole has models {', '.join(MODELS)} (got {arch!r})")
-    return CartPoleLearner(arch, scenario.seed, rank, max(1, w.global_batch // n), max(1, ENV_STEPS_PER_STEP // n),
+    return CartPoleLearner(arch, scenario.seed, rank, batch, max(1, ENV_STEPS_PER_STEP // n),
                            scenario.training.steps, scenario.training.lr, w.optimizer,
                            scenario.communication.bucket_bytes)

@@ -51,6 +51,7 @@ from torch import nn
 from torch.func import functional_call
 
 from ..errors import UserError
+from . import agent_model
 from ..programs.learner import DTYPES, TorchLearner
 from ..cooperation.rewards import overconfident_error_safety, shaped_loss
 from ..workloads import measure_module
@@ -376,13 +377,7 @@ class DigitsLearner(TorchLearner):
 
 
 def make_learner(scenario, rank: int, *, mode: str, device="cpu") -> DigitsLearner:
-    if mode == "shape":
-        raise UserError("workload.task=digits runs in numeric or real mode only (simulation.mode: numeric)")
+    arch, batch = agent_model(scenario, rank, mode, MODELS)
     w = scenario.workload
-    archs = scenario.agents.architectures
-    arch = archs[rank] if archs else w.model
-    if arch not in MODELS:
-        raise UserError(f"workload.model: digits has models {', '.join(MODELS)} (got {arch!r})")
-    batch = max(1, w.global_batch // scenario.world_size)
     return DigitsLearner(arch, scenario.seed, rank, batch, scenario.training.lr, w.optimizer,
                          DTYPES[w.dtype], scenario.communication.bucket_bytes, device)

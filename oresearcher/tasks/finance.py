@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import UserError
+from . import agent_model
 from ..programs.learner import DTYPES, TorchLearner
 from ..workloads import measure_module
 from . import finance_compliance as C
@@ -224,15 +225,9 @@ def check_rules(rules) -> None:
 
 
 def make_learner(scenario, rank: int, *, mode: str, device="cpu") -> FinanceLearner:
-    if mode == "shape":
-        raise UserError("workload.task=finance runs in numeric or real mode only (simulation.mode: numeric)")
+    arch, batch = agent_model(scenario, rank, mode, MODELS)
     w = scenario.workload
-    archs = scenario.agents.architectures
-    arch = archs[rank] if archs else w.model
-    if arch not in MODELS:
-        raise UserError(f"workload.model: finance has models {', '.join(MODELS)} (got {arch!r})")
     rules = [C.Rule.from_spec(r) for r in scenario.finance.rules]
     check_rules(rules)
-    batch = max(1, w.global_batch // scenario.world_size)
     return FinanceLearner(arch, scenario.seed, rank, batch, scenario.training.lr, w.optimizer,
                           DTYPES[w.dtype], scenario.communication.bucket_bytes, rules, device)
