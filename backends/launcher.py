@@ -29,7 +29,7 @@ from typing import Mapping, Optional, Sequence
 
 import torch.distributed as dist
 
-from .monitor import post_failure, read_failure
+from .monitor import post_failure, read_failure, user_error
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +110,7 @@ class LaunchResult:
     exit_codes: list
     failure: Optional[str] = None  # the failure notice, when a rank was lost
     pids: list = field(default_factory=list)
+    user_error: bool = False  # the notice is a rank's user error (divergence...), not a lost rank
 
     @property
     def ok(self) -> bool:
@@ -145,7 +146,8 @@ def launch_local(cmd: Sequence[str], world_size: int, *, timeout_s: float, threa
     except BaseException:
         _terminate(procs)
         raise
-    return LaunchResult(codes, failure, [p.pid for p in procs])
+    by_user = failure is not None and user_error(store, prefix) == failure
+    return LaunchResult(codes, failure, [p.pid for p in procs], by_user)
 
 
 class Signalled(BaseException):
@@ -211,7 +213,9 @@ def _watch(procs, store, prefix: str, timeout_s: float, poll_s: float):
             failed = [r for r, c in enumerate(codes) if c not in (None, 0, EXIT_PEER_LOST)]
             if failed:
                 failure = post_failure(store, prefix, describe_exit(failed[0], codes[failed[0]]))
-                log.error("%s; stopping the other ranks", failure)
+                # a rank's own user error is printed once at the end; a lost rank is news now
+                (log.info if user_error(store, prefix) == failure else log.error)("%s; stopping the other ranks",
+                                                                                 failure)
             else:
                 failure = read_failure(store, prefix)  # a rank's monitor found it first
             if failure is not None:

@@ -25,6 +25,7 @@ from typing import Callable, Optional
 log = logging.getLogger(__name__)
 
 FAILURE_KEY = "failure"
+USER_KEY = "user_error"  # the notice is a rank's user error (divergence, a bad checkpoint): exit code 2
 _SEQ_KEY = "failure_seq"
 
 
@@ -34,6 +35,23 @@ def post_failure(store, prefix: str, message: str) -> str:
         store.set(prefix + FAILURE_KEY, message)
         return message
     return read_failure(store, prefix, wait=True) or message
+
+
+def post_user_error(store, prefix: str, message: str) -> str:
+    """Post a rank's user error (one line for the user, exit code 2) as the failure
+    notice unless one exists; the mark is set before the notice, so whoever reads the
+    notice can tell it from a lost rank. Returns the notice."""
+    if store.add(prefix + _SEQ_KEY, 1) == 1:
+        store.set(prefix + USER_KEY, message)
+        store.set(prefix + FAILURE_KEY, message)
+        return message
+    return read_failure(store, prefix, wait=True) or message
+
+
+def user_error(store, prefix: str) -> Optional[str]:
+    """The user error a rank posted as the failure notice, or None."""
+    key = prefix + USER_KEY
+    return store.get(key).decode() if store.check([key]) else None
 
 
 def read_failure(store, prefix: str, wait: bool = False) -> Optional[str]:

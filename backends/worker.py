@@ -31,7 +31,6 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from oresearcher.divergence import AllExcluded, Diverged
 from oresearcher.errors import UserError, cli_main, short
 from oresearcher.programs import AgentContext, get_program
 from oresearcher.programs.learner import DTYPES
@@ -42,7 +41,7 @@ from oresearcher.reporting.trace import write_trace
 from . import checkpoint as ckpt
 from .interpreter import Interpreter, make_clock
 from .launcher import EXIT_PEER_LOST, DistEnv, connect_store
-from .monitor import Monitor, post_failure
+from .monitor import Monitor, post_user_error, user_error
 from .telemetry import Progress, TensorBoard, make_profiler
 
 log = logging.getLogger(__name__)
@@ -134,11 +133,15 @@ class _Stopper:
     ``grace_s`` (it may be computing, or stuck in a collective that only times out),
     end the process."""
 
-    def __init__(self, grace_s: float, out_dir: Path):
+    def __init__(self, grace_s: float, out_dir: Path, posted_by_user_error=lambda msg: False):
         self.grace_s, self.out_dir, self.finished = grace_s, out_dir, threading.Event()
+        self.posted_by_user_error = posted_by_user_error
 
     def __call__(self, msg: str) -> None:
-        log.error("%s; stopping (resume with --resume %s)", msg, self.out_dir)
+        if self.posted_by_user_error(msg):  # another rank's one line (divergence...): the launcher prints it
+            log.debug("%s; stopping", msg)
+        else:
+            log.error("%s; stopping (resume with --resume %s)", msg, self.out_dir)
         threading.Thread(target=self._deadline, name="stopper", daemon=True).start()
 
     def _deadline(self) -> None:
@@ -189,14 +192,15 @@ def run_rank(scenario, opts: RunOptions, denv: DistEnv, resume_step: Optional[in
     rank, world = denv.rank, denv.world_size
     torch.set_num_threads(max(1, opts.threads))
     device, store = init_process_group(denv, opts.backend, opts.timeout_s)
-    stopper = _Stopper(min(opts.timeout_s, 5.0), opts.out_dir)
+    stopper = _Stopper(min(opts.timeout_s, 5.0), opts.out_dir,
+                       lambda msg: _safe_user_error(store, denv.prefix) == msg)
     log.debug("process group ready (%s, %d ranks)", opts.backend, world)
     monitor = Monitor(store, rank, world, timeout_s=opts.timeout_s, interval_s=opts.heartbeat_s,
                       prefix=denv.prefix, on_lost=stopper, store_owner=denv.store_owner).start()
     try:
         return _train(scenario, opts, rank, world, device, store, denv.prefix, monitor, resume_step)
-    except (Diverged, AllExcluded) as e:
-        return _diverged(e, rank, store, denv.prefix)
+    except UserError as e:  # divergence, all excluded, a checkpoint a rank cannot load...
+        return _user_error(e, denv, store)
     except RuntimeError as e:
         msg = monitor.identify(wait_s=min(opts.timeout_s, 10.0)) if is_comm_error(e) else None
         if msg is None:
@@ -211,13 +215,20 @@ def run_rank(scenario, opts: RunOptions, denv: DistEnv, resume_step: Optional[in
         log.debug("process group destroyed")
 
 
-def _diverged(e: UserError, rank: int, store, prefix: str) -> int:
-    """One line for the run (oresearcher.divergence): a rank that alone found a non-finite
-    value posts it as the failure notice the launcher and the other ranks print; when
-    every rank found it at once (all excluded) rank 0 says it."""
-    if isinstance(e, Diverged):
-        post_failure(store, prefix, str(e))
-    elif rank == 0:
+def _safe_user_error(store, prefix: str) -> Optional[str]:
+    try:
+        return user_error(store, prefix)
+    except Exception:  # the store host is gone: nothing to tell
+        return None
+
+
+def _user_error(e: UserError, denv: DistEnv, store) -> int:
+    """One line for the run, whichever ranks found it (oresearcher.divergence: one rank's
+    divergence, or every rank's at once): the first rank to post its error makes it the
+    failure notice that stops the others; our launcher prints it once and exits 2. Under
+    torchrun (no launcher of ours) the first poster prints it itself."""
+    notice = post_user_error(store, denv.prefix, str(e))
+    if denv.store_host != "launcher" and notice == str(e):
         raise e
     return 2
 

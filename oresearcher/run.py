@@ -360,6 +360,10 @@ def _outcome(result, out: Path, world: int) -> int:
             print("\n".join(comparison_lines(report["distill"])))
         log.info("done; report: %s", out / "report.json")
         return 0
+    if result.user_error:  # a rank's one line (divergence, a checkpoint it cannot load...): exit code 2
+        rest = "" if all(c == 2 for c in result.exit_codes) else f"; the other ranks stopped ({_where(out, world)})"
+        print(f"error: {result.failure}{rest}", file=sys.stderr)
+        return 2
     if all(c == 2 for c in result.exit_codes):
         return 2  # every rank already printed the user error
     print(f"error: {result.failure or 'a rank failed'}; the other ranks stopped ({_where(out, world)})",
