@@ -32,6 +32,7 @@ from oresearcher import ops as O
 from oresearcher.reporting.report import Timeline
 
 from . import collectives as C
+from .swap import swap_seconds
 
 
 def lognormal_params(cv: float) -> tuple[float, float]:
@@ -127,10 +128,11 @@ class Engine:
                 return
             val = None
             self.ops_done += 1
-            if type(op) is Compute:
+            if isinstance(op, Compute):  # a subclass: a hosted agent's Swap (sim/swap.py)
                 if op.fn is not None:
                     val = op.fn(*op.args, **op.kwargs)
-                priced = self.pricing(op.name, op.flops) if self.pricing is not None else None
+                priced = (swap_seconds(self.device, op.nbytes) if type(op) is not Compute
+                          else self.pricing(op.name, op.flops) if self.pricing is not None else None)
                 dur = (op.flops / rate if priced is None else priced) + host
                 if rho > 0:
                     dur *= step_factor

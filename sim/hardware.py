@@ -47,6 +47,13 @@ class DeviceProfile(_Strict):
     # reads it back at it. 2 GB/s per GPU is an assumption (a node's NVMe or parallel file
     # system shared by 8 GPUs), not a measurement; a profile states its own.
     storage_bandwidth_GBps: float = Field(2.0, gt=0, le=1e4, description="checkpoint write/read bandwidth per rank, GB/s")
+    # Whether the device has streams: GPUs run a collective on a stream of its own beside
+    # the compute stream. A CPU rank has none, and torch's FSDP2 then issues its
+    # all-gathers and reduce-scatters synchronously (_fsdp_param_group.unshard_async_op is
+    # False and foreach_reduce passes no async_op: torch 2.13), so they block the rank; the
+    # fsdp program's cost model follows (oresearcher/programs/fsdp.py). Other programs'
+    # async work handles overlap either way (gloo runs them on threads of its own).
+    streams: bool = Field(True, description="collectives can run beside compute (GPU streams); false on CPUs")
     # The roofline model (sim/roofline.py): each traced kernel costs max(FLOPs / achievable
     # rate, bytes / memory bandwidth) + launches. "flat" (the default) keeps FLOPs /
     # (peak x efficiency) + host overhead per Compute op; profiles without these fields are flat.
@@ -57,6 +64,11 @@ class DeviceProfile(_Strict):
     achievable: Optional[dict[Literal["matmul", "attention", "vector"], float]] = Field(
         None, description="achievable fraction of peak_flops per op class")
     foreach_optimizer: bool = Field(True, description="optimizer runs torch's foreach kernels (CUDA); CPUs loop")
+    # Hosted agents (cooperation.allocation.agents_per_device > 1) switch by moving their
+    # state between device and host memory over this link (sim/swap.py); a profile states
+    # its source. None: the profile cannot price a switch.
+    host_link_GBps: Optional[float] = Field(None, gt=0, le=1e5, description="host<->device copy bandwidth, GB/s "
+                                            "per direction")
 
     @model_validator(mode="after")
     def _roofline_complete(self):
@@ -136,6 +148,13 @@ class FabricProfile(_Strict):
     base_latency_us: float = Field(ge=0, description="per collective, microseconds")
     hop_latency_us: float = Field(ge=0, description="per algorithm step, microseconds")
     call_overhead_us: float = Field(ge=0, description="per collective call on the host, microseconds")
+    # How the collective library runs a reduce-scatter. gloo has no reduce-scatter kernel
+    # for torch's reduce_scatter_tensor: ProcessGroupGloo clones the input, all-reduces the
+    # whole of it and copies this rank's slice out (torch.profiler shows gloo:all_reduce,
+    # aten::clone and aten::copy_ inside c10d::_reduce_scatter_base_; torch 2.13).
+    # "all_reduce" prices it so: an all-reduce of the input, 2(n-1)/n of it on the wire.
+    reduce_scatter: Literal["native", "all_reduce"] = Field(
+        "native", description="native, or all_reduce: the library runs reduce-scatter as an all-reduce (gloo)")
     # Inside a node: NCCL's protocol model (absent: the plain alpha-beta model above).
     nccl: Optional[NcclParams] = None
     # Between nodes: NCCL's network step latencies.

@@ -56,6 +56,8 @@ class AllocationSpec(Strict):
     temperature: Float = Field(0.1, gt=0, le=1e3, description="softmax temperature over contributions "
                                "(reward improvements per round, rewards in [0, 1])")
     floor: Float = Field(0.5, ge=0, le=1, description="minimum share, as a fraction of the equal share (0..1)")
+    agents_per_device: Int = Field(1, ge=1, le=64, description="agents each rank (device) hosts and switches "
+                                   "between; > 1 hands out device time by shares (oresearcher.cooperation.scheduler)")
 
 
 class PrivacySpec(Strict):

@@ -66,6 +66,7 @@ from ..ops import Compute, StepDone
 from ..cooperation.outer import OuterNesterov
 from ..cooperation.replay import PrioritizedReplay
 from ..cooperation.rewards import scheduled_weights
+from .cooperative_hosted import hosted_program
 from .data_parallel import reduce_buckets
 from .cooperative_round import (  # noqa: F401 (GroupState, LoopState, ... importable from here too)
     GroupState, LoopState, _gen, arch_group, arch_ids, gather_params, initial_lr_mult, round_lengths, round_rewards,
@@ -130,6 +131,8 @@ def _finite_buckets(learner) -> list:
 def cooperative(ctx, learner):
     """O-Researcher: cooperative training of ``ctx.world_size`` agents (see module doc)."""
     sc, cfg, rank, n = ctx.scenario, ctx.scenario.cooperation, ctx.rank, ctx.world_size
+    if cfg.allocation.agents_per_device > 1:  # several agents per rank, device time by shares
+        return (yield from hosted_program(ctx, learner))
     ids = arch_ids(sc)
     share_group = arch_group(ids, rank)
     members = share_group or tuple(range(n))

@@ -1,0 +1,148 @@
+"""Several agents per rank: device time handed out by shares (cooperation.allocation).
+
+With ``cooperation.allocation.agents_per_device: k`` each of the M ranks (devices) hosts
+k agents, N = k * M in all (:mod:`oresearcher.cooperation.scheduler`). A round:
+
+1. For each hosted agent in turn: its state moves in from host memory (a :class:`Swap`,
+   priced by the simulator at the device profile's ``host_link_GBps``, really copied by
+   the real backend), it takes the steps its share of the round's device time buys,
+   and its state moves out again.
+2. AllGather of every agent's (mean training loss, device seconds used) and of the
+   agents' flat parameters: every rank then computes the same allocation rewards
+   (1 / (1 + loss): one fixed weighting for every round), the same fused parameters
+   (plain average of the healthy agents) and the same next plan.
+
+The device time each agent used is measured on the backend's clock (``ctx.clock``:
+simulated seconds in the simulator, wall seconds on gloo) and reported per round.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+
+from ..cooperation.scheduler import Scheduler, hosted
+from ..ops import AllGather, Compute, StepDone
+from .cooperative_round import round_lengths
+
+
+@dataclass(eq=False)
+class Swap(Compute):
+    """Move an agent's state between device and host memory: ``nbytes`` each way it
+    moves. The simulator prices it at the host link (sim/swap.py); real backends run
+    ``fn`` (a real copy) and time it, as any Compute."""
+
+    nbytes: float = 0.0
+
+
+def state_tensors(learner) -> list:
+    """Parameters, gradients and optimizer state: what an agent's switch moves."""
+    out = [p for p in getattr(learner, "params", [])]
+    out += [p.grad for p in getattr(learner, "params", []) if p.grad is not None]
+    opt = getattr(learner, "optimizer", None)
+    for st in (opt.state.values() if opt is not None else ()):
+        out += [v for v in st.values() if torch.is_tensor(v) and v.dim() > 0]
+    return out
+
+
+def state_bytes(learner, optimizer: str) -> float:
+    """Bytes of one agent's state: measured on a real learner, else estimated from the
+    parameter count (weights + gradients + the optimizer's slots)."""
+    ts = state_tensors(learner)
+    if ts and ts[0].device.type != "meta":
+        return float(sum(t.numel() * t.element_size() for t in ts))
+    slots = 2 if optimizer.startswith("adam") else 1
+    return float(learner.numel * 4 * (2 + slots))
+
+
+def move_out(learner) -> list:
+    """Copy the agent's state to host buffers (what a switch out does)."""
+    return [t.detach().to("cpu", copy=True) for t in state_tensors(learner)]
+
+
+def move_in(learner, saved) -> None:
+    """Copy the agent's state back from its host buffers (a switch in)."""
+    if saved is None:
+        return
+    with torch.no_grad():
+        for t, s in zip(state_tensors(learner), saved):
+            t.copy_(s)
+
+
+def _agent_learner(ctx, learner, agent: int, j: int):
+    """Hosted agent ``j`` of this rank: the rank's own learner first, the others built
+    like it with their own seed (own initial weights and data order)."""
+    if j == 0:
+        return learner
+    from ..tasks import make_learner
+
+    sc = ctx.scenario.model_copy(update={"seed": ctx.scenario.seed + 7919 * agent})
+    mode = "real" if ctx.mode == "real" else ("numeric" if ctx.numeric else "shape")
+    return make_learner(sc, ctx.rank, mode=mode, device=ctx.device)
+
+
+def hosted_program(ctx, learner):
+    sc, cfg = ctx.scenario, ctx.scenario.cooperation.allocation
+    m, k = ctx.world_size, cfg.agents_per_device
+    n = m * k
+    mine = hosted(ctx.rank, n, m)
+    agents = [_agent_learner(ctx, learner, a, j) for j, a in enumerate(mine)]
+    sched = ctx.register("scheduler", Scheduler(n, m, cfg.temperature, cfg.floor, cfg.enabled))
+    rounds = round_lengths(ctx.steps, sc.communication.interval)
+    costs = [1] * n
+    nbytes = state_bytes(learner, sc.workload.optimizer)
+    # device time: simulated seconds in the simulator; on a real CPU rank the CPU time this
+    # process spends (ranks share cores, so wall time would count the neighbours' work)
+    clock = time.thread_time if ctx.mode == "real" else (ctx.clock or (lambda: 0.0))
+    plan = sched.plan([float("nan")] * n, k * rounds[0], costs)
+    saved = [None] * k
+    numeric = ctx.numeric
+    for rnd in range(len(rounds)):
+        losses, used = [], []
+        for j, a in enumerate(mine):
+            L = agents[j]
+            yield Swap(move_in, (L, saved[j]), nbytes=nbytes, name="swap_in")
+            t0 = clock()
+            ls = []
+            for _ in range(plan.steps[a]):
+                met = yield Compute(L.forward_backward, flops=L.fwd_flops + L.bwd_flops, name="fwd_bwd")
+                yield Compute(L.optimizer_step, name="optimizer")
+                ls.append(float((met or {}).get("loss", float("nan"))))
+            t1 = clock()
+            used.append(t1 - t0)
+            saved[j] = yield Swap(move_out if numeric else None, (L,) if numeric else (), nbytes=nbytes,
+                                  name="swap_out")
+            losses.append(sum(ls) / len(ls) if ls else float("nan"))
+        dev = ctx.device if numeric else torch.device("meta")
+        stats = torch.tensor([[x, u] for x, u in zip(losses, used)], dtype=torch.float64).to(dev)
+        gathered = yield AllGather(stats, name="stats_gather")
+        flat = yield Compute(lambda: torch.cat([L.flat_params().reshape(-1) for L in agents]), name="pack")
+        flats = yield AllGather(flat, name="param_gather")
+        metrics = {"round": rnd}
+        if numeric:
+            rows = torch.cat([g.cpu() for g in gathered])  # [n, 2], agent order
+            loss = rows[:, 0]
+            rewards = [1.0 / (1.0 + float(x)) if math.isfinite(float(x)) else float("nan") for x in loss]
+            every = torch.cat([f.reshape(k, -1) for f in flats])  # [n, numel]
+            ok = torch.isfinite(every).all(1) & torch.isfinite(loss)
+            if bool(ok.any()):
+                fused = every[ok].mean(0)
+                for L in agents:
+                    yield Compute(L.set_flat_params, fused.to(getattr(L, "dtype", fused.dtype)),
+                                  flops=2.0 * n * L.numel, name="fusion")
+            for i, a in enumerate(mine):
+                metrics[f"device_s.{a}"] = float(used[i])
+            metrics.update({f"loss.{a}": float(loss[a]) for a in range(n)})
+        else:
+            rewards = [0.0] * n
+        for a in range(n):
+            metrics[f"share.{a}"] = float(plan.shares[a])
+            metrics[f"units.{a}"] = float(plan.steps[a] * costs[a])
+            metrics[f"target.{a}"] = float(plan.target[a])
+        metrics["round_units"] = float(max(plan.device_units))
+        if rnd + 1 < len(rounds):
+            plan = sched.plan(rewards, k * rounds[rnd + 1], costs)
+        yield StepDone(sum(rounds[:rnd + 1]) - 1, metrics)
+    return None
