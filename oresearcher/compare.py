@@ -6,6 +6,14 @@
 Each argument is a report.json or a directory holding one. The error of a figure is
 ``(predicted - measured) / measured``. With ``--max-error``, the exit code is 1 when a
 headline figure (step time, communication overhead) is off by more than that fraction.
+Reports of different scenarios, strategies or rank counts are refused (one line, exit 2)
+unless ``--force`` says the comparison is meant.
+
+In flight and exposed are defined in :mod:`oresearcher.reporting.report`. On a real run
+exposed can exceed in flight: a collective is in flight from its issue until the wire
+work completes, while the rank is blocked from the issue until it holds the result, which
+includes the host work around it (copying the payload in, gloo's averaging division,
+unpacking gathered tensors). Waiting for slower peers is in both.
 """
 from __future__ import annotations
 
@@ -19,8 +27,8 @@ from .errors import UserError, cli_main
 FIGURES = (
     ("step_time_s", "step time", "s"),
     ("compute_time_s", "compute time", "s"),
-    ("comm_time_s", "communication in flight", "s"),
-    ("exposed_comm_time_s", "exposed communication", "s"),
+    ("comm_time_s", "comm in flight (issue to completion)", "s"),
+    ("exposed_comm_time_s", "exposed comm (rank blocked)", "s"),
     ("comm_overhead", "communication overhead", "%"),
     ("wire_bytes_per_step", "bytes on the wire per rank", "B"),
 )
@@ -41,6 +49,22 @@ def read_report(path: str | Path) -> dict:
     if missing:
         raise UserError(f"{p}: not a report: missing {', '.join(missing)}")
     return report
+
+
+MISMATCH = (("scenario", lambda r: (r.get("scenario") or {}).get("name")),
+            ("strategy", lambda r: ((r.get("scenario") or {}).get("training") or {}).get("strategy")),
+            ("rank count", lambda r: r.get("world_size")))
+NOTE = "exposed: rank blocked, incl. host work on the result; in flight: issue to done"  # < 80 columns
+
+
+def mismatch(predicted: dict, measured: dict) -> str | None:
+    """What makes two reports incomparable (scenario name, strategy, rank count), or None.
+    A figure a report does not record is not held against it."""
+    for what, get in MISMATCH:
+        a, b = get(predicted), get(measured)
+        if a is not None and b is not None and a != b:
+            return f"{what} {a} against {b}"
+    return None
 
 
 def relative_error(predicted: float, measured: float):
@@ -81,7 +105,9 @@ def print_table(rows: list[dict], title: str) -> None:
     for r in rows:
         err = "-" if r["error"] is None else f"{r['error']:+.1%}"
         t.add_row(r["label"], fmt(r["predicted"], r["unit"]), fmt(r["measured"], r["unit"]), err)
-    Console().print(t)
+    console = Console()
+    console.print(t)
+    console.print(NOTE, highlight=False)
 
 
 def main(argv=None) -> int:
@@ -89,8 +115,14 @@ def main(argv=None) -> int:
     p.add_argument("predicted", help="the simulator's report.json (or its directory)")
     p.add_argument("measured", help="the real run's report.json (or its directory)")
     p.add_argument("--max-error", type=float, help="exit 1 if step time or overhead is off by more (a fraction)")
+    p.add_argument("--force", action="store_true",
+                   help="compare reports of different scenarios, strategies or rank counts anyway")
     args = p.parse_args(argv)
     pred, meas = read_report(args.predicted), read_report(args.measured)
+    differ = mismatch(pred, meas)
+    if differ and not args.force:
+        raise UserError(f"{args.predicted} and {args.measured} are different runs ({differ}); "
+                        f"pass --force to compare them anyway")
     rows = compare(pred, meas)
     name = (meas.get("scenario") or {}).get("name", "")
     print_table(rows, f"{name}: {pred.get('backend', '?')} prediction vs {meas.get('backend', '?')} "

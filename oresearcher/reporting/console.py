@@ -4,6 +4,8 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from .final import deployable_line, final_table
+
 GB = 10**9
 console = Console()
 
@@ -36,6 +38,9 @@ def print_report(report: dict, title: str, column: str = "predicted") -> None:
     t.add_row("exposed communication time", fmt_ms(report["exposed_comm_time_s"]))
     t.add_row("communication overhead (exposed / step)", f"{report['comm_overhead']:.2%}")
     t.add_row("bytes on the wire per rank", fmt_bytes(report["wire_bytes_per_step"]))
+    if report.get("steps"):
+        t.caption = (f"step time = {report.get('total_time_s', 0.0):,.4g} s / {report['steps']:,} steps "
+                     f"(warm-up included)")
     console.print(t)
     steps, ws = max(report["steps"], 1), max(report["world_size"], 1)
     if report["breakdown"]:
@@ -54,6 +59,9 @@ def print_report(report: dict, title: str, column: str = "predicted") -> None:
                       f"activations {fmt_bytes(mem['activations'])}, codec {fmt_bytes(mem['codec_buffers'])})")
         if mem.get("advice"):
             console.print(f"  advice: {mem['advice']}")
+    if report.get("final"):
+        console.print(final_table(report["final"]))
+        console.print(deployable_line(report["final"]), highlight=False)
     spent = [m[-1]["epsilon"] for _, m in sorted((report.get("metrics") or {}).items(), key=lambda kv: int(kv[0]))
              if m and "epsilon" in m[-1]]
     if spent:  # cooperation.privacy: what each agent spent (oresearcher.cooperation.privacy)

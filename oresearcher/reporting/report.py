@@ -16,6 +16,10 @@ Definitions (per step, averaged over steps; "mean" is over ranks):
 - ``comm_overhead``: ``exposed_comm_time_s / step_time_s``.
 - ``wire_bytes_per_step``: mean bytes one rank sent on the network per step (what the
   collective algorithm moves, not the payload size).
+- ``final``: the last task metric of each agent with its role, and of the deployable
+  model (:mod:`oresearcher.reporting.final`); only when the run computed values.
+- Nothing is excluded as warm-up: the first step (with its one-off costs) counts like
+  any other, and step time is the whole run divided by its steps.
 - ``peer_wait_time_s``: the part of ``comm_time_s`` a rank spent waiting for the other
   members of a collective to arrive (load imbalance, not the network). Recorded by
   backends that know when every member arrived (the simulator). Each ``breakdown`` row
@@ -28,6 +32,8 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from .final import final_section
 
 REPORT_KEYS = (
     "step_time_s", "compute_time_s", "comm_time_s", "exposed_comm_time_s",
@@ -174,6 +180,9 @@ def summarize(tl: Timeline, scenario: dict, backend: str, extra: dict | None = N
         "metrics": {str(r): [{"step": s, "time_s": t, **m} for s, t, m in tl.metrics[r]] for r in ranks if tl.metrics[r]},
         "scenario": scenario,
     }
+    final = final_section(report["metrics"], (scenario or {}).get("training", {}).get("strategy"))
+    if final:
+        report["final"] = final
     if extra:
         report.update(extra)
     return report

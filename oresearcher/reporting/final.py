@@ -1,0 +1,96 @@
+"""The final task metric of each agent, and of the one model a user would deploy.
+
+A numeric-mode simulation and a real run end with trained agents; the report's
+``metrics`` hold every step's values, which nobody reads at a glance. :func:`final_section`
+picks, per rank, the last value of the task metric (test accuracy, test episode return,
+else a loss) with the rank's role, and names the deployable model:
+
+- after a distillation phase, the distilled student (``student_test_accuracy``);
+- for programs whose ranks train one shared model (ddp, fsdp; local_sgd and diloco after
+  their last average), that model: the mean over ranks, which are equal or nearly so;
+- for the cooperative program without a student, no model is fused after the last round,
+  so the deployable one is the agent the validators scored most reliable at the end
+  (``final_reliability``), said as such.
+
+Shape-mode simulations compute no values: no section.
+"""
+from __future__ import annotations
+
+import math
+
+from rich.table import Table
+
+# task metric keys, best first; (key, label, higher is better)
+TASK_METRICS = (("test_accuracy", "test accuracy", True), ("test_return", "test return", True),
+                ("test_loss", "test loss", False), ("val_loss", "validation loss", False),
+                ("task_loss", "training loss (task)", False), ("loss", "training loss", False))
+ROLES = ("explorer", "optimizer", "validator")  # the codes of oresearcher.cooperation.roles.ROLE_CODES
+SHARED_MODEL = ("ddp", "fsdp", "local_sgd", "diloco")
+
+
+def _last(history: list[dict], key: str):
+    for m in reversed(history):
+        v = m.get(key)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+            return float(v)
+    return None
+
+
+def _role(history: list[dict]) -> str:
+    code = _last(history, "role")
+    if code is None:
+        return "-"
+    return ROLES[int(code)] if 0 <= int(code) < len(ROLES) else str(int(code))
+
+
+def final_section(metrics: dict, strategy: str | None) -> dict | None:
+    """``{"metric", "label", "agents": [{rank, role, value}], "deployable": {what, value}}``
+    from a report's ``metrics`` (rank -> list of step dicts); None without a task metric."""
+    hist = {int(r): m for r, m in (metrics or {}).items() if m}
+    for key, label, higher in TASK_METRICS:
+        values = {r: _last(h, key) for r, h in sorted(hist.items())}
+        if any(v is not None for v in values.values()):
+            break
+    else:
+        return None
+    agents = [{"rank": r, "role": _role(hist[r]), "value": v} for r, v in values.items()]
+    got = [a for a in agents if a["value"] is not None]
+    student = [v for v in (_last(h, "student_test_accuracy") for h in hist.values()) if v is not None]
+    if student and key == "test_accuracy":
+        deploy = {"what": "distilled student", "value": student[0]}
+    elif strategy in SHARED_MODEL:
+        deploy = {"what": f"the shared model ({strategy}; mean over ranks)",
+                  "value": sum(a["value"] for a in got) / len(got)}
+    elif strategy == "oresearcher" and any(_last(hist[a["rank"]], "final_reliability") is not None for a in got):
+        best = max(got, key=lambda a: _last(hist[a["rank"]], "final_reliability") or -1.0)
+        deploy = {"what": f"agent {best['rank']} (the validators' most reliable; distill.student makes one "
+                          f"model of all)", "value": best["value"], "rank": best["rank"]}
+    else:
+        pick = (max if higher else min)(got, key=lambda a: a["value"])
+        deploy = {"what": f"agent {pick['rank']}, the best by {label}", "value": pick["value"], "rank": pick["rank"]}
+    return {"metric": key, "label": label, "agents": agents, "deployable": deploy}
+
+
+def fmt_value(key: str, v) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.4f}" if key in ("test_accuracy",) or "loss" in key else f"{v:,.1f}"
+
+
+def final_table(section: dict, max_rows: int = 16) -> Table:
+    """One row per agent (the first ``max_rows``)."""
+    t = Table(title=f"final {section['label']} per agent", header_style="bold")
+    t.add_column("agent", justify="right")
+    t.add_column("role")
+    t.add_column(section["label"], justify="right")
+    agents = section["agents"]
+    for a in agents[:max_rows]:
+        t.add_row(str(a["rank"]), a["role"], fmt_value(section["metric"], a["value"]))
+    if len(agents) > max_rows:
+        t.add_row("...", f"{len(agents) - max_rows} more in report.json", "")
+    return t
+
+
+def deployable_line(section: dict) -> str:
+    d = section["deployable"]
+    return f"deployable model: {d['what']}: {section['label']} {fmt_value(section['metric'], d['value'])}"

@@ -1,0 +1,57 @@
+"""The final task metric per agent and the deployable model (oresearcher.reporting.final)."""
+import math
+
+from oresearcher.reporting.final import deployable_line, final_section, final_table
+from oresearcher.reporting.report import Timeline, summarize
+
+
+def _hist(*entries):
+    return [dict(step=i, time_s=float(i), **e) for i, e in enumerate(entries)]
+
+
+def test_last_task_metric_per_agent_with_role_and_the_validators_pick():
+    metrics = {"0": _hist({"role": 0, "loss": 2.0}, {"role": 1, "test_accuracy": 0.90, "final_reliability": 0.2}),
+               "1": _hist({"role": 2, "test_accuracy": 0.80}, {"role": 2, "final_reliability": 0.7}),
+               "2": _hist({"role": 0, "loss": 1.0})}
+    s = final_section(metrics, "oresearcher")
+    assert s["metric"] == "test_accuracy"
+    assert s["agents"] == [{"rank": 0, "role": "optimizer", "value": 0.90},
+                           {"rank": 1, "role": "validator", "value": 0.80},  # the last value it recorded
+                           {"rank": 2, "role": "explorer", "value": None}]
+    assert s["deployable"]["rank"] == 1 and s["deployable"]["value"] == 0.80  # most reliable, not best
+
+
+def test_student_shared_model_and_return_or_loss_fallbacks():
+    student = {"0": _hist({"test_accuracy": 0.9, "student_test_accuracy": 0.88})}
+    assert final_section(student, "oresearcher")["deployable"] == {"what": "distilled student", "value": 0.88}
+    ddp = {"0": _hist({"test_accuracy": 0.9}), "1": _hist({"test_accuracy": 0.8})}
+    d = final_section(ddp, "ddp")["deployable"]
+    assert math.isclose(d["value"], 0.85) and "shared model" in d["what"]
+    rl = {"0": _hist({"test_return": 40.0, "role": 0}), "1": _hist({"test_return": 130.0, "role": 1})}
+    assert final_section(rl, "single")["deployable"]["value"] == 130.0  # higher return is better
+    lm = {"0": _hist({"loss": 3.0}), "1": _hist({"loss": float("nan")}, {"loss": 2.5})}
+    s = final_section(lm, "single")
+    assert s["metric"] == "loss" and s["deployable"]["value"] == 2.5  # lower loss is better; NaN skipped
+
+
+def test_no_section_without_values_and_the_table_caps_rows():
+    assert final_section({"0": _hist({"role": 0, "lr": 0.1})}, "oresearcher") is None
+    assert final_section({}, "ddp") is None
+    many = {str(r): _hist({"test_accuracy": r / 100}) for r in range(40)}
+    s = final_section(many, "oresearcher")
+    t = final_table(s, max_rows=16)
+    assert t.row_count == 17  # 16 agents and a "24 more" row
+    assert "0.3900" in deployable_line(s)  # the best by accuracy without reliabilities
+
+
+def test_summarize_puts_the_section_in_the_report():
+    tl = Timeline(2)
+    for r in range(2):
+        tl.record(r, "compute", "fwd", 0.0, 1.0)
+        tl.step_done(r, 0, 1.0, {"role": r, "test_accuracy": 0.5 + r / 10})
+    rep = summarize(tl, {"name": "t", "training": {"strategy": "oresearcher"}}, backend="sim")
+    assert [a["value"] for a in rep["final"]["agents"]] == [0.5, 0.6]
+    tl2 = Timeline(1)
+    tl2.record(0, "compute", "fwd", 0.0, 1.0)
+    tl2.step_done(0, 0, 1.0, {})
+    assert "final" not in summarize(tl2, {"name": "t"}, backend="sim")
