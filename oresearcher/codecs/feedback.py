@@ -34,7 +34,9 @@ from __future__ import annotations
 
 import torch
 
+from . import fused
 from .base import DEFAULT_KEY, Codec, KeyedTensors, check_finite
+from .quant import Int8
 
 
 class _Wrapper(Codec):
@@ -64,6 +66,10 @@ class ErrorFeedback(_Wrapper):
 
     def _encode(self, flat, dtype, key):
         e = self.residual.get(key, flat.numel(), flat)
+        if isinstance(self.inner, Int8) and fused.applies(flat):
+            out = self._fused_int8(flat, e, key)
+            if out is not None:
+                return out
         if e is None:
             tensors, sent = self._roundtrip(flat, dtype, key)  # raises on non-finite input
             self.residual.items[key] = flat - sent
@@ -77,6 +83,20 @@ class ErrorFeedback(_Wrapper):
             raise ValueError(f"ef: input plus residual overflows for key {key!r}; its residual was reset") from None
         self.residual.items[key] = v.sub_(sent)  # e <- v - decode(C(v)); payloads never alias v
         return tensors
+
+    def _fused_int8(self, flat, e, key):
+        """``ef(int8...)`` in one Triton pass (:mod:`.fused`): the residual is read, and
+        the new one written to a fresh buffer, by the same kernel as the codes."""
+        gen = self.inner.rng.generator(flat.device) if self.inner.stochastic else None
+        try:
+            out = fused.int8_quantize(flat, self.inner.chunk, gen, residual=e, ef=True)
+        except OverflowError:
+            del self.residual.items[key]
+            raise ValueError(f"ef: input plus residual overflows for key {key!r}; its residual was reset") from None
+        if out is None:
+            return None
+        absmax, codes, self.residual.items[key] = out
+        return {"absmax": absmax, "codes": codes}
 
     def state_dict(self):
         return {"residual": self.residual.state_dict(), "inner": self.inner.state_dict()}

@@ -35,7 +35,7 @@ import math
 
 import torch
 
-from . import native
+from . import fused, native
 from .base import Codec, Field, RngState, check_finite, compute_dtype
 
 # Rows of chunks processed per block on CPU: temporaries of ~2 MB stay in cache, and
@@ -73,6 +73,10 @@ class Cast(Codec):
         return (Field("shift", torch.int32, 1), Field("data", self.target, numel))
 
     def _encode(self, flat, dtype, key):
+        if fused.applies(flat):  # one pass for the absmax, one for scale + cast
+            shift = cast_shift(float(fused.absmax(flat)), self.target, flat.dtype) if flat.numel() else 0
+            return {"shift": torch.tensor([shift], dtype=torch.int32, device=flat.device),
+                    "data": fused.scale_cast(flat, shift, self.target)}
         shift = 0
         if flat.numel():
             a = torch.maximum(flat.amax(), flat.amin().neg())
@@ -90,6 +94,8 @@ class Cast(Codec):
         cdt = compute_dtype(dtype)
         shift = int(tensors["shift"][0])
         data = tensors["data"]
+        if cdt == torch.float32 and fused.applies(data, self.target):
+            return fused.unscale(data, shift)  # clamped as below
         out = torch.empty(data.numel(), dtype=cdt, device=data.device)
         for i, j in _spans(out):
             out[i:j].copy_(data[i:j])
@@ -192,6 +198,10 @@ def quantize_int8(flat: torch.Tensor, chunk: int, gen=None, use_native: bool = T
     Chunks whose ``127/a`` overflows (``a`` tiny) are quantized as ``(x/a)*127``.
     All chunk scales are computed and checked finite before any random draw.
     """
+    if use_native and fused.applies(flat):  # CUDA: the Triton kernel (other uniforms when stochastic)
+        fast = fused.int8_quantize(flat, chunk, gen)
+        if fast is not None:
+            return fast[:2]
     if gen is None and use_native:
         fast = native.int8_quantize(flat, chunk)
         if fast is not None:
@@ -242,6 +252,8 @@ def dequantize_int8(absmax: torch.Tensor, codes: torch.Tensor, chunk: int, cdt: 
                     use_native: bool = True) -> torch.Tensor:
     """``codes * absmax/127`` chunk by chunk, into a new ``cdt`` tensor (the native
     kernel where it applies, as in :func:`quantize_int8`)."""
+    if use_native and cdt == torch.float32 and fused.applies(absmax):
+        return fused.int8_decode(absmax, codes, chunk)
     out = native.int8_dequantize(absmax, codes, chunk, cdt) if use_native else None
     if out is not None:
         return out  # the kernel clamps too

@@ -45,6 +45,7 @@ import torch
 from ..errors import UserError
 from ..ops import AllGather, AllReduce, Compute, ReduceScatter, StepDone, Wait
 from ..cooperation.sharded_fusion import fuse_sharded
+from ..divergence import Guard, guard_sharded, sharded_forward_backward
 from ..sharding import scenario_plan, shard_groups
 from .learner import DTYPES
 
@@ -72,9 +73,11 @@ def _delegated(ctx, learner):
                          f"got {type(learner).__name__}")
     flops = learner.fwd_flops + learner.bwd_flops
     fusion = FusionRound.build(ctx)
+    guard = Guard.for_context(ctx)  # training.on_divergence (oresearcher.divergence)
     for step in range(ctx.start_step, ctx.steps):
-        metrics = yield Compute(learner.forward_backward, flops=flops, name="fsdp_forward_backward")
-        yield Compute(learner.optimizer_step, name="optimizer")
+        metrics = yield Compute(sharded_forward_backward, learner, flops=flops, name="fsdp_forward_backward")
+        if not (yield from guard_sharded(ctx, guard, step, metrics)):
+            yield Compute(learner.optimizer_step, name="optimizer")
         if fusion is not None and fusion.due(step):
             flat = yield Compute(learner.local_flat, name="pack")
             fused = yield from fusion.run(flat, metrics.get("loss"))
