@@ -87,4 +87,6 @@ def test_triton_path_equals_eager_cuda_and_cpu(spec, monkeypatch):
     if not spec.startswith("randk"):  # the CPU's bytes too (randk: the CPU stream differs)
         cpu = build(spec)
         assert all(torch.equal(a, pack(cpu.encode(x, key="k"))) for a, x in zip(got, xs))
-    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    if not spec.startswith("ef"):  # eager CUDA decodes with a*fl(1/127) (torch's scalar
+        # division on CUDA multiplies by the reciprocal), so its ef residuals drift from the CPU's
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
