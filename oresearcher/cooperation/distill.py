@@ -26,8 +26,19 @@ Everything is ops, so the simulator prices the phase from its Compute FLOPs and 
 AllReduce sizes, and the real backends run it. In shape mode (language-model presets on
 a simulated cluster, no values) :func:`distill_shape` issues the same costs with the
 teacher computed on the fly, so ``python -m oresearcher.sim scenarios/8xA100.yaml --set
-distill.student=gpt-125m`` predicts what distilling the cluster costs. The phase is not a resume boundary: a run
-stopped during it resumes at the end of cooperative training and distils again.
+distill.student=gpt-125m`` predicts what distilling the cluster costs.
+
+Resuming: the phase has no resume boundary of its own (it is short next to training). A run
+stopped during it resumes at the end of cooperative training and distils again, to the
+same student: the checkpoint of that boundary carries the final agents (their parameters
+in the learners, the rest in :class:`FinalAgents`), the trained ensemble and the replay
+pool; the student starts from its seeded initialisation and draws from seeded generators.
+
+The shared replay pool (``cooperation.replay``, a supervised task's hard-example pool with
+``x`` and ``y`` columns): frozen at the end of training, its rows (this rank's share,
+``rank::world``) get teacher outputs too, and a ``learner.hard_fraction`` of every
+distillation batch is drawn from them in proportion to their priorities, as training drew
+its hard examples; the rest comes from the task data.
 """
 from __future__ import annotations
 
@@ -65,19 +76,31 @@ class Student:
     """The student, its optimizer and its data: the shard ``(X, y)`` with teacher logits."""
 
     def __init__(self, module, X, y, teacher, *, batch: int, lr: float, temperature: float, alpha: float,
-                 seed: int):
+                 seed: int, pool=None):
         self.module, self.X, self.y, self.teacher = module, X, y, teacher
         self.batch, self.temperature, self.alpha = min(batch, len(X)), temperature, alpha
         self.opt = torch.optim.AdamW(module.parameters(), lr=lr)
         self.g = torch.Generator().manual_seed(seed)
+        # pool: (X, y, teacher, weights, k): k of every batch's rows drawn from it by weight
+        self.pool = pool if pool is not None and pool[4] > 0 else None
         fwd, bwd, _ = measure_module(module, (X[:self.batch],), lambda o: F.cross_entropy(o, y[:self.batch]))
         self.step_flops = float(fwd + bwd)
 
+    def draw(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One batch: (inputs, labels, teacher logits), part from the pool if there is one."""
+        k = self.pool[4] if self.pool is not None else 0
+        idx = torch.randint(len(self.X), (self.batch - k,), generator=self.g)
+        x, y, t = self.X[idx], self.y[idx], self.teacher[idx]
+        if k:
+            Xp, yp, tp, w, _ = self.pool
+            j = torch.multinomial(w, k, replacement=True, generator=self.g)
+            x, y, t = torch.cat([x, Xp[j]]), torch.cat([y, yp[j]]), torch.cat([t, tp[j]])
+        return x, y, t
+
     def forward_backward(self) -> dict:
-        idx = torch.randint(len(self.X), (self.batch,), generator=self.g)
+        x, y, t = self.draw()
         self.module.train()
-        loss = kd_loss(self.module(self.X[idx]), self.teacher[idx].to(self.X.device), self.y[idx],
-                       self.temperature, self.alpha)
+        loss = kd_loss(self.module(x), t.to(x.device), y, self.temperature, self.alpha)
         self.opt.zero_grad(set_to_none=False)
         loss.backward()
         return {"distill_loss": float(loss.detach())}
@@ -90,30 +113,77 @@ class Student:
         self.opt.step()
 
 
+class FinalAgents:
+    """What the distillation phase needs from the end of cooperative training, saved with
+    the checkpoint of that boundary (registered as "distill_final"): the agents'
+    architectures and exclusions, the padded length of their gathered parameters, this
+    rank's FLOPs and last StepDone. The parameters themselves are the learners' own
+    (restored by the checkpoint) and are gathered again on resume."""
+
+    KEYS = ("ids", "excluded", "roles", "reliability", "reward")
+
+    def __init__(self):
+        self.data: dict = {}
+
+    def capture(self, result: dict, count: dict) -> None:
+        self.data = {**{k: list(result[k]) for k in self.KEYS}, "pad_to": int(result["flats"][0].numel()),
+                     "flops": float(count["flops"]), "last_step": int(count["last_step"])}
+
+    def state_dict(self) -> dict:
+        return dict(self.data)
+
+    def load_state_dict(self, state: dict) -> None:
+        self.data = dict(state)
+
+
 def program(ctx, learner):
     """``training.strategy: oresearcher``: the cooperative program, then (with
-    ``distill.student`` and real values) the distillation phase."""
+    ``distill.student`` and real values) the distillation phase. A run resumed at the end
+    of cooperative training (the last resume boundary) distils the same student as the
+    uninterrupted run: the final agents come back from the checkpoint (:class:`FinalAgents`)."""
     count = {"flops": 0.0, "last_step": -1}
-    if ctx.scenario.distill.student and ctx.numeric and not all(
-            hasattr(learner, a) for a in ("predict_params", "task_data", "n_classes")):
+    distilling = bool(ctx.scenario.distill.student and ctx.numeric)
+    if distilling and not all(hasattr(learner, a) for a in ("predict_params", "task_data", "n_classes")):
         raise UserError(f"distill.student: task {ctx.scenario.workload.task} cannot be distilled with real values "
                         "yet (a supervised task whose learner has predict_params and task_data: digits)")
-    result = yield from _counted(cooperative(ctx, learner), count)
-    if ctx.scenario.distill.student and ctx.numeric and getattr(learner, "cooperative_result", None):
+    final = ctx.register("distill_final", FinalAgents()) if distilling else None
+
+    def on_step(op):  # the first StepDone after _final: the boundary a resumed run starts from
+        res = getattr(learner, "cooperative_result", None)
+        if final is not None and res and not final.data:
+            final.capture(res, count)
+    result = yield from _counted(cooperative(ctx, learner), count, on_step)
+    if distilling and not getattr(learner, "cooperative_result", None) and final.data:
+        result = yield from _final_agents(ctx, learner, final, count)
+    if distilling and getattr(learner, "cooperative_result", None):
         yield from _counted(distill(ctx, learner, count["last_step"] + 1, count), count)
     elif ctx.scenario.distill.student and not ctx.numeric and ctx.scenario.workload.task == "synthetic-lm":
         yield from distill_shape(ctx, learner, count["last_step"] + 1)
     return result
 
 
-def _counted(gen, count: dict):
-    """Pass ``gen``'s ops through, adding up this rank's Compute FLOPs and its last StepDone."""
+def _counted(gen, count: dict, on_step=None):
+    """Pass ``gen``'s ops through, adding up this rank's Compute FLOPs and its last StepDone
+    (``on_step(op)`` before each StepDone is yielded, i.e. before a checkpoint of it)."""
     def on_op(op):
         if isinstance(op, Compute):
             count["flops"] += float(op.flops or 0.0)
         elif isinstance(op, StepDone):
             count["last_step"] = op.step
+            if on_step is not None:
+                on_step(op)
     return (yield from tap(gen, on_op))
+
+
+def _final_agents(ctx, learner, final: FinalAgents, count: dict):
+    """Resumed after cooperative training: the final agents' parameters gathered again from
+    the restored learners, the rest from the checkpoint; returns the cooperative result."""
+    from ..programs.cooperative_round import gather_params
+
+    flats = yield from gather_params(ctx, learner, final.data["pad_to"])
+    learner.cooperative_result = {**{k: final.data[k] for k in FinalAgents.KEYS}, "flats": flats}
+    count.update(flops=final.data["flops"], last_step=final.data["last_step"])
+    return learner.cooperative_result
 
 
 def distill_shape(ctx, learner, first_step: int):
@@ -164,9 +234,14 @@ def distill(ctx, learner, first_step: int, count: dict):
     X, y = learner.task_data("train")
     X, y = X[rank::n], y[rank::n]
     teacher = yield from _teacher(ctx, learner, ens, X)
+    batch = min(max(1, sc.workload.global_batch // n), len(X))
+    pool = replay_rows(ctx.state.get("replay"), rank, n, X)
+    if pool is not None:  # the shared hard-example pool's rows, with their teacher outputs
+        k = round(float(getattr(learner, "hard_fraction", 0.25)) * batch)
+        pool = (*pool[:2], (yield from _teacher(ctx, learner, ens, pool[0])), pool[2], min(k, batch - 1))
     module = build_student(sc.workload.task, d.student, sc.seed).to(X.device, X.dtype)
-    student = Student(module, X, y, teacher, batch=max(1, sc.workload.global_batch // n), lr=d.lr,
-                      temperature=d.temperature, alpha=d.alpha, seed=sc.seed * 1009 + rank)
+    student = Student(module, X, y, teacher, batch=batch, lr=d.lr, temperature=d.temperature, alpha=d.alpha,
+                      seed=sc.seed * 1009 + rank, pool=pool)
     for s in range(d.steps):
         metrics = yield Compute(student.forward_backward, flops=student.step_flops, name="distill_fwd_bwd")
         grad = yield Compute(student.flat_grad, name="pack")
@@ -180,6 +255,22 @@ def distill(ctx, learner, first_step: int, count: dict):
     metrics.update(phase_distill=1.0, cluster_flops=float(total.reshape(-1)[0]), student_step_flops=student.step_flops)
     learner.distill_result = {"module": module, "arch": d.student, "metrics": dict(metrics)}
     yield StepDone(first_step + d.steps - 1, metrics)
+
+
+def replay_rows(shared, rank: int, n: int, X: torch.Tensor):
+    """(inputs, labels, sampling weights) of this rank's share (``rank::n``) of the shared
+    replay pool's filled rows, or None: no pool, an empty share, or a pool that does not
+    hold supervised ``x``/``y`` rows. Weights are the stored priorities (p^alpha), as the
+    pool samples them."""
+    pool = getattr(shared, "pool", None)
+    if pool is None or len(pool) == 0 or not {"x", "y"} <= set(pool.columns):
+        return None
+    rows = torch.arange(len(pool))[rank::n]
+    if rows.numel() == 0:
+        return None
+    w = torch.as_tensor(pool.priorities(), dtype=torch.float64)[rows]
+    x = pool.columns["x"][rows].to(X.device, X.dtype).reshape(len(rows), *X.shape[1:])
+    return x, pool.columns["y"][rows].to(X.device), w
 
 
 def accuracy(logits: torch.Tensor, y: torch.Tensor) -> float:
