@@ -40,7 +40,7 @@ from oresearcher.programs.learner import DTYPES, TorchLearner
 from oresearcher.sharding import scenario_plan
 from oresearcher.tasks.synthetic_lm import TokenStream, micro_batch
 
-from . import dcp
+from . import dcp, fsdp_guard
 
 
 def device_mesh(scenario, world_size: int, device: torch.device):
@@ -134,6 +134,7 @@ def make_learner(scenario, rank: int, world_size: int, device) -> FSDPLearner:
     learner = FSDPLearner(model, optimizer, batches, loss_fn, fwd_flops=plan.fwd_flops, bwd_flops=plan.bwd_flops,
                           bucket_bytes=scenario.communication.bucket_bytes)
     learner.dtype = DTYPES[w.dtype]  # what it computes in: FSDP's policy casts, so the worker adds no autocast
+    learner.reduce_check = fsdp_guard.install(model)  # non-finite gradients stop before they are shared
     if scenario.fsdp.replicas == "fusion":
         learner.agent, learner.agent_group = rank // scenario.fsdp.group_size(world_size), mesh.get_group()
     return learner

@@ -16,6 +16,12 @@ on ``training.on_divergence``:
   period; at the average it shares zeros and the average is over the healthy ranks.
   The cooperative program keeps its own isolation (it shares zeros until the fusion
   round, fusion gives it weight 0 and hands it the healthy agents' parameters).
+  ``fsdp`` (real runs): FSDP2 reduce-scatters inside backward, so the check sits in the
+  reduce-scatter itself (:mod:`oresearcher.backends.fsdp_guard`): a rank's non-finite
+  gradients are zeroed before they leave it. Once reduced, one rank's share of a
+  sharded gradient cannot be taken out again, so under ``skip`` the step's optimizer
+  step is skipped on every rank (parameters and optimizer state stay the last good
+  ones; the data stream moves on).
 - When every agent is out at once, the run stops with :class:`AllExcluded`, one line
   that says when, why and what to change.
 
@@ -144,7 +150,7 @@ class Guard:
         if self._snapshot is not None:
             learner.load_state_dict(copy.deepcopy(self._snapshot))
 
-    def healthy_count(self, ctx, bad: bool, step: int, why: str):
+    def healthy_count(self, ctx, bad: bool, step: int, why: str, skipped: str = "its contribution is skipped"):
         """Generator: all-reduce how many ranks are healthy; returns n / healthy, the
         factor that turns an average over all ranks (zeros from the bad ones) into the
         average over the healthy ones. Raises AllExcluded when none is."""
@@ -159,8 +165,8 @@ class Guard:
             raise AllExcluded(excluded_message(f"step {step}", members, why, self.lr, self.skipped or None))
         if bad:
             self.skipped += 1
-            log.warning("rank %d: non-finite values at step %d; its contribution is skipped (%d of %d ranks "
-                        "healthy)", self.rank, step, healthy, members)
+            log.warning("rank %d: non-finite values at step %d; %s (%d of %d ranks healthy)",
+                        self.rank, step, skipped, healthy, members)
         return members / healthy
 
 
@@ -211,3 +217,33 @@ def guard_local(ctx, guard: Guard, step: int, metrics: dict, learner):
                 "next average", guard.rank, what, step)
     yield Compute(guard.restore, learner, name="restore")
     return True
+
+
+def sharded_forward_backward(learner) -> dict:
+    """``fsdp`` (real): forward+backward of an FSDP2 learner and the check, inside its
+    Compute. What its checked reduce-scatter found in this rank's gradients before they
+    were shared, its loss, and (for shard groups of one, where nothing is reduced) its
+    local gradient shards; "_nonfinite" says what was bad."""
+    metrics = dict(learner.forward_backward() or {})
+    check = getattr(learner, "reduce_check", None)
+    found = check.take() if check is not None else False
+    local = [g.to_local() if hasattr(g, "to_local") else g for g in learner_grads(learner)]
+    what = find(metrics.get("loss")) or ("gradient" if found or non_finite(local) else None)
+    if what:
+        metrics["_nonfinite"] = what
+    return metrics
+
+
+def guard_sharded(ctx, guard: Guard, step: int, metrics: dict):
+    """Generator for ``fsdp`` (real): after forward+backward, before the optimizer step.
+    Returns True when the optimizer step is skipped on every rank (policy skip, some rank
+    non-finite); raises Diverged (stop) or AllExcluded (every rank)."""
+    what = metrics.pop("_nonfinite", None)
+    guard.raise_if_stop(step, what)
+    if guard.policy != "skip":
+        return False
+    scale = yield from guard.healthy_count(ctx, bool(what), step, "ranks had non-finite gradients",
+                                           skipped="the step is skipped on every rank (fsdp)")
+    if what:
+        metrics["diverged"] = 1.0
+    return scale != 1.0

@@ -51,3 +51,40 @@ def make_dying_learner(scenario, rank, *, mode="real", device="cpu"):
 
     learner.forward_backward = dying
     return learner
+
+
+class _NaNGrad(torch.autograd.Function):
+    """Identity forward, NaN backward: a finite loss whose gradients are all NaN."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * float("nan")
+
+
+def make_nan_fsdp_learner(scenario, rank, *, mode="real", device="cpu"):
+    """The fsdp learner (fully_shard) whose rank POISON_RANK ("all": every rank) computes
+    NaN gradients, before FSDP reduce-scatters them, at forward/backward call POISON_STEP."""
+    import torch.distributed as dist
+
+    from oresearcher.backends.fsdp import make_learner as fsdp_learner
+    from oresearcher.models import lm_loss
+
+    learner = fsdp_learner(scenario, rank, dist.get_world_size(), device)
+    who = os.environ.get("POISON_RANK", "1")
+    if who != "all" and rank != int(who):
+        return learner
+    at, calls = int(os.environ.get("POISON_STEP", "3")), [0]
+
+    def loss_fn(module, batch):
+        logits = module(batch[:, :-1])
+        if calls[0] == at:
+            logits = _NaNGrad.apply(logits)
+        calls[0] += 1
+        return lm_loss(logits, batch[:, 1:])
+
+    learner.loss_fn = loss_fn
+    return learner
