@@ -33,14 +33,15 @@ import yaml
 
 from .reporting.console import print_report
 from .errors import UserError
-from . import resume
+from . import resume, role_mix
 from .scenario import load_raw, load_scenario, output_dir, strategy_alias_error
 from .scenario_files import find_scenario
 
 log = logging.getLogger("oresearcher.run")
 
 DEFAULT_SCENARIO = "scenarios/local-gloo.yaml"
-RESHARDABLE = ("agents.count", "fsdp.shard_group_size", "fsdp.reshard_after_forward")  # fsdp resumes may change
+RESHARDABLE = ("agents.count", "agents.roles", "fsdp.shard_group_size",  # fsdp resumes may change
+               "fsdp.reshard_after_forward")
 SAVED_SCENARIO = "scenario.yaml"
 
 # flag -> scenario field it overrides
@@ -144,6 +145,10 @@ def scenario_overrides(args, raw: dict) -> list[str]:
         cluster = raw.get("cluster") or {}
         if cluster.get("nodes", 1) == 1 and cluster.get("gpus_per_node", 8) < args.num_agents <= 64:
             out.append(f"cluster.gpus_per_node={args.num_agents}")  # one node: grow it to fit the agents
+        if not any(s.startswith("agents.roles") for s in args.set):  # a mix set on purpose is the user's
+            roles = role_mix.override(raw.get("agents"), args.num_agents)  # the mix, at the new count
+            if roles:
+                out.append(roles)
     return out
 
 
