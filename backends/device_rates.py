@@ -4,7 +4,7 @@ achieved matmul rate, memory bandwidth and the cost of one kernel launch.
 - matmul: the workload's own GEMM shapes, as calibration anchors collectives at the
   workload's sizes: the MLP up-projection of a micro batch (tokens x d -> 4d) forward and
   its two backward GEMMs, FLOP/s = FLOPs / time over the three, with *cold* operands
-  (distinct sets cycled over 64 MB), as the roofline assumes every kernel streams its
+  (distinct sets cycled over 64 MB; 512 MB on GPUs), as the roofline assumes every kernel streams its
   operands from memory. Here one core runs that GEMM at ~200 GFLOP/s when the same
   operands repeat (cache-hot, how microbenchmarks flatter) and at ~30 GFLOP/s cold,
   which is what the same GEMMs reach inside a training step (~40, torch.profiler).
@@ -12,8 +12,8 @@ achieved matmul rate, memory bandwidth and the cost of one kernel launch.
   (batch, heads, T, head_dim), operands cycled as for matmul, FLOP/s on torch's counted FLOPs (full T x T) times
   ``CAUSAL_SHARE``, i.e. the rate the roofline charges (CPU flash attention runs far
   below the GEMM rate).
-- memory bandwidth: ``dst.copy_(src)`` over 64 MB (beyond the last-level cache); bytes
-  moved = read + write (2x the buffer), as the roofline counts.
+- memory bandwidth: ``dst.copy_(src)`` over 64 MB on CPU, 512 MB on GPU (beyond the
+  last-level cache); bytes moved = read + write (2x the buffer), as the roofline counts.
 - launch: a chain of tiny (matmul, layer norm, GELU, add) blocks with autograd,
   forward and backward, divided by the kernels the same chain launches (counted by
   :class:`oresearcher.op_trace.KernelRecorder` on the meta device): the fixed cost per
@@ -49,11 +49,16 @@ def _median_s(fn, repeats: int, device) -> float:
     return statistics.median(times)
 
 
-COLD_BYTES = 64 * 10**6  # operand sets are cycled until they span this: beyond any last-level cache
+COLD_BYTES = 64 * 10**6  # operand sets are cycled until they span this: beyond any CPU's last-level cache
+COLD_BYTES_GPU = 512 * 10**6  # ... and ten times a datacenter GPU's L2 (40-60 MB on A100/H100/H200)
 
 
-def _copies(nbytes_per_set: int) -> int:
-    return max(2, -(-COLD_BYTES // max(1, nbytes_per_set)))
+def _cold_bytes(device) -> int:
+    return COLD_BYTES_GPU if torch.device(device).type == "cuda" else COLD_BYTES
+
+
+def _copies(nbytes_per_set: int, device="cpu") -> int:
+    return max(2, -(-_cold_bytes(device) // max(1, nbytes_per_set)))
 
 
 def matmul_rate(tokens: int, d_model: int, dtype: str = "fp32", repeats: int = 9, device="cpu") -> float:
@@ -61,7 +66,7 @@ def matmul_rate(tokens: int, d_model: int, dtype: str = "fp32", repeats: int = 9
     dt = DTYPES[dtype]
     size = torch.empty((), dtype=dt).element_size() * (tokens * d_model + 4 * d_model * d_model + 4 * tokens * d_model)
     sets = [(torch.randn(tokens, d_model, device=device).to(dt), torch.randn(d_model, 4 * d_model, device=device).to(dt),
-             torch.randn(tokens, 4 * d_model, device=device).to(dt)) for _ in range(_copies(size))]
+             torch.randn(tokens, 4 * d_model, device=device).to(dt)) for _ in range(_copies(size, device))]
 
     def gemms():
         for x, w, g in sets:
@@ -89,7 +94,7 @@ def attention_rate(batch: int, heads: int, seq_len: int, head_dim: int, dtype: s
     with FlopCounterMode(display=False) as counter:
         run(*[t.to("meta").detach().requires_grad_() for t in make()])
     size = 3 * batch * heads * seq_len * head_dim * torch.empty((), dtype=DTYPES[dtype]).element_size()
-    sets = [make() for _ in range(min(16, _copies(size)))]
+    sets = [make() for _ in range(min(16, _copies(size, device)))]
 
     def all_sets():
         for qkv in sets:
@@ -98,8 +103,10 @@ def attention_rate(batch: int, heads: int, seq_len: int, head_dim: int, dtype: s
     return len(sets) * counter.get_total_flops() * CAUSAL_SHARE / _median_s(all_sets, repeats, device)
 
 
-def memory_bandwidth(nbytes: int = 64 * 10**6, repeats: int = 9, device="cpu") -> float:
-    """Achieved bytes/s of a device copy (read + write)."""
+def memory_bandwidth(nbytes: int | None = None, repeats: int = 9, device="cpu") -> float:
+    """Achieved bytes/s of a device copy (read + write) of ``nbytes`` (default: the cold
+    size, beyond the last-level cache)."""
+    nbytes = nbytes or _cold_bytes(device)
     src = torch.ones(nbytes // 4, device=device)
     dst = torch.empty_like(src)
     return 2.0 * src.numel() * 4 / _median_s(lambda: dst.copy_(src), repeats, device)

@@ -3,6 +3,8 @@
     python -m oresearcher.calibrate --backend=gloo          # writes runs/local-gloo/profile.yaml
     python -m oresearcher.calibrate --backend=gloo --scenario scenarios/local-gloo.yaml --num_agents=4 \\
         --out profiles/gloo-4.yaml
+    python -m oresearcher.calibrate --backend=nccl --scenario S --set agents.count=1 ...   # one GPU:
+        # matmul rate, memory bandwidth, launch cost (oresearcher/calibration/device.py)
 
 It starts the scenario's ranks (or joins torchrun's), times collectives over a size
 sweep and a few steps of the scenario's own program with all ranks busy at once, and
@@ -151,7 +153,7 @@ def write_profile(path: Path, m: dict, device_name: str, fabric_name: str, jitte
     fit = scaled(fit, m["inrun_factor"])
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / n
     errors = fit_errors(m["collectives"] + inrun, n, fit)
-    text = profile_text(device_doc(device_name, m, memory, jitter), fabric_doc(fabric_name, fit), m, errors)
+    text = profile_text(device_doc(device_name, m, memory, jitter), fabric_doc(fabric_name, fit, m.get("backend", "gloo")), m, errors)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text)
@@ -190,6 +192,9 @@ def main(argv=None) -> int:
         raise UserError(reason)
     if args.compute_steps is not None and args.compute_steps < 1:
         raise UserError(f"--compute-steps must be at least 1, got {args.compute_steps}")
+    if args.backend == "nccl" and scenario.world_size == 1 and denv is None:  # no collectives: the device alone
+        from .calibration.device import run_cli
+        return run_cli(args, scenario)
     sizes = default_sizes(int(args.max_bytes))
     if denv is None:
         return _launch(args, argv, scenario.world_size)
