@@ -153,7 +153,8 @@ def write_profile(path: Path, m: dict, device_name: str, fabric_name: str, jitte
     fit = scaled(fit, m["inrun_factor"])
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / n
     errors = fit_errors(m["collectives"] + inrun, n, fit)
-    text = profile_text(device_doc(device_name, m, memory, jitter), fabric_doc(fabric_name, fit), m, errors)
+    fabric = fabric_doc(fabric_name, fit, m.get("backend", "gloo"))
+    text = profile_text(device_doc(device_name, m, memory, jitter), fabric, m, errors)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text)

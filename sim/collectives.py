@@ -67,6 +67,8 @@ def plan(kind: str, ranks: tuple, nbytes: float, topo, requested: str = "auto", 
     (:mod:`.nccl`), else the alpha-beta algorithms of this module."""
     if len(ranks) <= 1:
         return Plan("ring", 0.0, (), ())
+    if kind == "ReduceScatter" and topo.protocol(ranks).reduce_scatter == "all_reduce":
+        kind = "AllReduce"  # gloo: an all-reduce of the whole input (FabricProfile.reduce_scatter)
     if _nccl_applies(kind, requested, topo):
         return _nccl_plan("AllReduce" if kind == "Barrier" else kind, ranks, float(nbytes), topo, requested, root)
     algo = choose_algorithm(kind, ranks, nbytes, topo, requested)

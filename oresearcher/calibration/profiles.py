@@ -56,9 +56,10 @@ def device_doc(name: str, m: dict, memory_bytes: float, jitter: bool = False) ->
         "host_overhead_us": m["host_overhead_s"] / US,
         **({"compute_jitter_cv": cv} if cv > 0 else {}),
         **({"compute_jitter_rho": rho} if rho > 0 else {}),
+        **({"streams": False} if m.get("backend") == "gloo" else {}),  # CPU ranks (sim/hardware.py)
     }
 
-def fabric_doc(name: str, fit: FabricFit) -> dict:
+def fabric_doc(name: str, fit: FabricFit, backend: str = "gloo") -> dict:
     return {
         "kind": "fabric",
         "name": name,
@@ -68,6 +69,7 @@ def fabric_doc(name: str, fit: FabricFit) -> dict:
         "base_latency_us": fit.base_latency_s / US,
         "hop_latency_us": fit.hop_latency_s / US,
         "call_overhead_us": fit.call_overhead_s / US,
+        **({"reduce_scatter": "all_reduce"} if backend == "gloo" else {}),  # sim/hardware.py, FabricProfile
     }
 
 def profile_text(device: dict, fabric: dict, m: dict, errors: list[dict]) -> str:

@@ -91,8 +91,9 @@ def _delegated(ctx, learner):
 class Schedule:
     """The ops of one FSDP step for one rank; payloads are meta tensors (sizes only)."""
 
-    def __init__(self, plan, shard_group, replicate_group, reshard: bool, param_dtype, reduce_dtype):
-        self.plan, self.reshard = plan, reshard
+    def __init__(self, plan, shard_group, replicate_group, reshard: bool, param_dtype, reduce_dtype,
+                 streams: bool = True):
+        self.plan, self.reshard, self.streams = plan, reshard, streams
         self.shard, self.replicate = shard_group, replicate_group
         n = len(shard_group)
         # this rank's shard of each unit (all-gather input) and each unit's unsharded
@@ -109,7 +110,8 @@ class Schedule:
             replicate = (ctx.rank,)
         compute = DTYPES[sc.workload.dtype]
         reduce = torch.float32 if sc.fsdp.reduce_dtype == "fp32" else compute
-        return cls(scenario_plan(sc), shard, replicate, sc.fsdp.reshard_after_forward, compute, reduce)
+        return cls(scenario_plan(sc), shard, replicate, sc.fsdp.reshard_after_forward, compute, reduce,
+                   _has_streams(sc))
 
     def local_shard(self) -> torch.Tensor:
         """This rank's fp32 shard of every parameter, flat (meta): what a fusion round moves."""
@@ -121,8 +123,36 @@ class Schedule:
 
     def step(self):
         """Forward then backward of one step; returns when every gradient is reduced."""
+        if not self.streams:
+            yield from self.blocking_step()
+            return
         yield from self.forward()
         yield from self.backward()
+
+    def blocking_step(self):
+        """FSDP2 on a device without streams (CPU ranks): each all-gather runs in the unit's
+        pre-forward/pre-backward hook and the rank waits for it; each reduce-scatter runs in
+        the post-backward hook and the rank waits for it (and for the HSDP all-reduce after
+        it). No prefetch, no overlap: communication and compute take turns."""
+        blocks = self.plan.blocks
+        nb = len(blocks)
+        yield Wait((yield from self._gather(0)), name="fsdp_wait_gather")  # root
+        for i in range(1, nb + 1):
+            yield Wait((yield from self._gather(i)), name="fsdp_wait_gather")
+            yield Compute(flops=blocks[i - 1].fwd_flops, name="forward")
+        yield Compute(flops=self.plan.root.fwd_flops, name="forward")
+        yield Compute(flops=self.plan.root.bwd_flops, name="backward")
+        for i in range(nb, 0, -1):
+            if self.reshard and i < nb:  # the last block kept its parameters after forward
+                yield Wait((yield from self._gather(i)), name="fsdp_wait_gather")
+            yield Compute(flops=blocks[i - 1].bwd_flops, name="backward")
+            yield from self._blocking_reduce(i)
+        yield from self._blocking_reduce(0)  # root: embedding gradients come last
+
+    def _blocking_reduce(self, i):
+        shard = yield ReduceScatter(self.grads[i], group=self.shard, op="avg", name="fsdp_reduce_scatter")
+        if len(self.replicate) > 1:
+            yield AllReduce(shard, group=self.replicate, op="avg", name="hsdp_all_reduce")
 
     def forward(self):
         blocks = self.plan.blocks
@@ -169,6 +199,18 @@ class Schedule:
         shard = yield Wait(pending, name="fsdp_wait_reduce")
         reduces.append((yield AllReduce(shard, group=self.replicate, op="avg", async_op=True,
                                         name="hsdp_all_reduce")))
+
+
+_STREAMS = [None, True]  # the last scenario looked up and its answer: one lookup per simulation
+
+
+def _has_streams(scenario) -> bool:
+    """The simulated device's ``streams`` field (sim/hardware.py): False on CPU ranks."""
+    if _STREAMS[0] is not scenario:
+        from ..sim.simulate import build_cluster  # the simulator's own lookup; shape mode runs in it
+
+        _STREAMS[:] = [scenario, build_cluster(scenario)[0].streams]
+    return _STREAMS[1]
 
 
 class FusionRound:

@@ -13,7 +13,7 @@ from oresearcher.sharding import ShardPlan, Unit, shard_groups, shard_plan
 from oresearcher.sim.engine import Engine
 from oresearcher.sim.memory import estimate_fsdp_memory
 from oresearcher.workloads import measure_lm
-from simkit import DEVICE, topo
+from simkit import DEVICE, meta, time_one, topo
 
 GB = 10**9
 BLOCK = 2 * 10**7  # fp32 elements per block: 80 MB
@@ -26,14 +26,14 @@ def two_blocks():
     return ShardPlan(Unit("root", (), 0.0, 0.0), (block, block))
 
 
-def run(plan, world, group_size, reshard, steps=2):
+def run(plan, world, group_size, reshard, steps=2, streams=True, **fabric):
     def prog(rank):
         shard, rep = shard_groups(rank, world, group_size)
-        sched = Schedule(plan, shard, rep, reshard, torch.float32, torch.float32)
+        sched = Schedule(plan, shard, rep, reshard, torch.float32, torch.float32, streams)
         for step in range(steps):
             yield from sched.step()
             yield O.StepDone(step)
-    eng = Engine(topo(world), DEVICE, "fp32", "ring")
+    eng = Engine(topo(world, **fabric), DEVICE, "fp32", "ring")
     return eng.run([prog(r) for r in range(world)])
 
 
@@ -64,6 +64,28 @@ def test_backward_gather_exposed_when_compute_is_short():
     plan = ShardPlan(Unit("root", (), 0.0, 0.0), (block, block))
     z3, z2 = run(plan, 2, 2, True, steps=1), run(plan, 2, 2, False, steps=1)
     assert z3.step_ends[0][0] > z2.step_ends[0][0] + 300e-6
+
+
+def test_without_streams_collectives_and_compute_take_turns():
+    # CPU ranks (DeviceProfile.streams false): FSDP2 waits for every collective. Forward:
+    # root gather 8 us, block 1's 408 us, 10 ms, block 2's 408 us, 10 ms; backward: block 2
+    # (kept gathered) 20 ms then its reduce-scatter 408 us; block 1 re-gathered 408 us,
+    # 20 ms, reduce-scatter 408 us; the root's (0 B) 8 us. 60 ms + 5 x 408 us + 16 us.
+    tl = run(two_blocks(), world=2, group_size=2, reshard=True, steps=1, streams=False)
+    assert tl.step_ends[0][0] == pytest.approx(62.056e-3, rel=1e-9)
+    assert tl.wire[0] == pytest.approx(5 * 4 * BLOCK / 2)  # the same collectives as with streams
+    z2 = run(two_blocks(), world=2, group_size=2, reshard=False, steps=1, streams=False)
+    assert z2.step_ends[0][0] == pytest.approx(62.056e-3 - 408e-6, rel=1e-9)  # no re-gather
+
+
+def test_gloo_reduce_scatter_is_an_all_reduce():
+    # FabricProfile.reduce_scatter all_reduce (gloo): a reduce-scatter of 80 MB on 2 ranks
+    # costs a ring all-reduce of it: 2 + 5 us, 2 hops of 1 us, 2(n-1)/n x 80 MB at 100 GB/s
+    t, tl = time_one(topo(2, reduce_scatter="all_reduce"), lambda r: O.ReduceScatter(meta(8 * 10**7)))
+    assert t == pytest.approx(9e-6 + 800e-6, rel=1e-9)
+    assert tl.wire[0] == pytest.approx(8e7)
+    native, _ = time_one(topo(2), lambda r: O.ReduceScatter(meta(8 * 10**7)))
+    assert native == pytest.approx(8e-6 + 400e-6, rel=1e-9)  # 1 hop, (n-1)/n x 80 MB
 
 
 def test_hsdp_groups_and_bytes():
@@ -150,3 +172,23 @@ def test_sharded_agents_fuse_one_shard_per_peer_and_share_no_gradients():
         assert tl.wire[r] == pytest.approx(2 * (5 * 4 * BLOCK / 2 + 4 * BLOCK) + 2 * 2 * 8 + 2 * 2 * 8 * 4 / 2,
                                            rel=1e-6)
     assert tl.collectives["fusion_shard_gather"][0] == 2 * 4 and not tl.collectives["hsdp_all_reduce"][0]
+
+
+def test_cpu_and_gloo_profiles_say_what_fsdp2_and_gloo_do():
+    from oresearcher.calibration.fabric_fit import FabricFit
+    from oresearcher.calibration.profiles import device_doc, fabric_doc
+    from oresearcher.programs.fsdp import _has_streams
+    from oresearcher.scenario import load_scenario
+    from oresearcher.sim.hardware import builtin_profiles
+
+    cat = builtin_profiles()
+    assert cat[("device", "cpu-local")].streams is False and cat[("device", "A100-SXM4-80GB")].streams
+    assert cat[("fabric", "loopback")].reduce_scatter == "all_reduce"
+    assert cat[("fabric", "nvswitch-a100")].reduce_scatter == "native"
+    assert not _has_streams(load_scenario("scenarios/cpu-fsdp.yaml"))
+    assert _has_streams(load_scenario("scenarios/8xA100-llama7b-fsdp.yaml"))
+    m = {"backend": "gloo", "host_overhead_s": 1e-6, "compute_step_s": 0.1, "flops_per_step": 1e9}
+    fit = FabricFit(1e-5, 1e-4, 1e-5, 1e9)
+    assert device_doc("d", m, 1e9)["streams"] is False and fabric_doc("f", fit, "gloo")["reduce_scatter"] == "all_reduce"
+    assert "streams" not in device_doc("d", dict(m, backend="nccl"), 1e9)
+    assert "reduce_scatter" not in fabric_doc("f", fit, "nccl")

@@ -1,0 +1,97 @@
+"""Sim-to-real for sharded training: the simulator's fsdp step, with a profile calibrated
+on this machine, beside real gloo runs of ``scenarios/cpu-fsdp.yaml`` (torch's FSDP2).
+
+    OMP_NUM_THREADS=1 python benchmarks/bench_fsdp_sim_to_real.py                 # 2 and 4 ranks, 3 repeats
+    OMP_NUM_THREADS=1 python benchmarks/bench_fsdp_sim_to_real.py --ranks 2 --repeats 1 --markdown
+
+The predict-then-measure chain of ``bench_sim_to_real.py``, per world size and repeat:
+``python -m oresearcher.calibrate --set training.strategy=ddp`` (the same model and
+per-rank batch, every rank busy), right away the real run
+(``python -m oresearcher.run --backend=gloo``), then the simulator on the identical
+scenario pointed at that profile. Why ddp: the real fsdp program runs forward and backward
+in one Compute op with FSDP's collectives inside, so calibrating it would fold the
+communication into the compute rate; ddp keeps its Computes and its all-reduces apart,
+and its all-reduce, like FSDP2's collectives on CPU, blocks a rank between two computes,
+so its in-run factor (what a busy shared host does to a collective; calibrate's module
+docstring) applies to them. ``--calibrate-with single`` calibrates with no collective in
+the run (the idle sweep's fit alone). On gloo the profile says ``streams: false`` (FSDP2
+waits for every all-gather and reduce-scatter on CPU ranks) and ``reduce_scatter:
+all_reduce`` (gloo all-reduces the whole input): sim/hardware.py. Medians over repeats;
+"run spread" is (max - min) / median of the real runs. Exit 1 if any step-time error is
+past 15 %.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_sim_to_real import REPO, calibrate, err, measure, predict, print_table, spread  # noqa: E402
+
+KEYS = ("step_time_s", "compute_time_s", "comm_time_s", "exposed_comm_time_s", "comm_overhead", "peer_wait_time_s")
+
+
+def scenario_dict(world: int, steps: int, reshard: bool) -> dict:
+    data = yaml.safe_load((REPO / "scenarios" / "cpu-fsdp.yaml").read_text())
+    data["name"] = f"fsdp-sim2real-{world}"
+    data["agents"]["count"] = world
+    data["workload"]["global_batch"] = 2 * world  # 2 sequences per rank at every world size
+    data["training"].update(steps=steps, checkpoint_every=0)  # no DCP saves inside the timed steps
+    data["fsdp"]["reshard_after_forward"] = reshard
+    return data
+
+
+def median(reports: list[dict]) -> dict:
+    return {k: statistics.median(r.get(k, 0.0) for r in reports) for k in KEYS}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
+    ap.add_argument("--ranks", type=int, nargs="+", default=[2, 4], help="world sizes (default 2 4)")
+    ap.add_argument("--repeats", type=int, default=3, help="calibrate+run pairs per world size (default 3)")
+    ap.add_argument("--steps", type=int, default=20, help="steps of each real run and prediction (default 20)")
+    ap.add_argument("--calibrate-with", default="ddp", metavar="STRATEGY",
+                    help="program calibrate runs (default ddp; single: no collectives, so no in-run factor)")
+    ap.add_argument("--zero2", action="store_true", help="reshard_after_forward false (ZeRO-2) instead of ZeRO-3")
+    ap.add_argument("--markdown", action="store_true", help="also print the table as markdown")
+    ap.add_argument("--keep", metavar="DIR", help="write scenarios, profiles and runs to DIR")
+    args = ap.parse_args(argv)
+    work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="fsdp-sim2real-"))
+    work.mkdir(parents=True, exist_ok=True)
+    rows, t0, load_before = [], time.perf_counter(), os.getloadavg()[0]
+    for n in args.ranks:
+        path = work / f"fsdp{n}.yaml"
+        path.write_text(yaml.safe_dump(scenario_dict(n, args.steps, not args.zero2), sort_keys=False))
+        preds, meass = [], []
+        for k in range(args.repeats):
+            profile = work / f"profile{n}-{k}.yaml"
+            calibrate(path, profile, ["--set", f"training.strategy={args.calibrate_with}"])
+            meass.append(measure(path, work / f"run{n}-{k}"))
+            preds.append(predict(path, profile))
+            print(f"[{time.perf_counter() - t0:5.0f} s] {n} ranks, repeat {k + 1}: step "
+                  f"{1e3 * preds[-1]['step_time_s']:.1f} predicted vs {1e3 * meass[-1]['step_time_s']:.1f} ms measured",
+                  flush=True)
+        pred, meas = median(preds), median(meass)
+        rows.append({"config": f"fsdp {'ZeRO-2' if args.zero2 else 'ZeRO-3'}, cpu-fsdp", "ranks": n, "pred": pred,
+                     "meas": meas, "step_spread": spread([m["step_time_s"] for m in meass]),
+                     "overhead_spread": 0.0, "step_err": err(pred["step_time_s"], meas["step_time_s"]),
+                     "overhead_err": float("nan")})
+    print_table(rows, args.markdown)
+    print("(measured overhead is 0: the real fsdp program's collectives run inside its one Compute op)")
+    print(f"load average (1 min) before {load_before:.2f}, after {os.getloadavg()[0]:.2f}; "
+          f"{os.cpu_count()} cores; {args.repeats} repeat(s), medians")
+    (work / "fsdp_sim_to_real.json").write_text(json.dumps(rows, indent=1, default=float))
+    print(f"scenarios, profiles, runs and fsdp_sim_to_real.json in {work}")
+    return 0 if all(abs(r["step_err"]) <= 0.15 for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
