@@ -19,6 +19,12 @@ waits for every all-gather and reduce-scatter on CPU ranks) and ``reduce_scatter
 all_reduce`` (gloo all-reduces the whole input): sim/hardware.py. Medians over repeats;
 "run spread" is (max - min) / median of the real runs. Exit 1 if any step-time error is
 past 15 %.
+
+Op by op (``--breakdown``, on by default): after each real run the same scenario runs
+``tests/backends/bk_fsdp_profile.py``, which times FSDP2's collectives from inside the
+ranks (each wrapped as the rank sees it, waiting for peers included); the table puts
+them beside the simulator's per-collective time (in flight, waits included) and the
+compute left over (forward/backward minus collectives, plus the optimizer step).
 """
 from __future__ import annotations
 
@@ -36,6 +42,14 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_sim_to_real import REPO, calibrate, err, measure, predict, print_table, spread  # noqa: E402
 
+from oresearcher.backends.launcher import launch_local  # noqa: E402
+
+PROFILER = REPO / "tests" / "backends" / "bk_fsdp_profile.py"
+# rows of the op-by-op table: (label, simulated collective name, measured wrapper name)
+OPS = (("all-gathers", "fsdp_all_gather", "all_gather_single"),
+       ("reduce-scatters", "fsdp_reduce_scatter", "reduce_scatter_single"),
+       ("HSDP all-reduces", "hsdp_all_reduce", "all_reduce"))
+
 KEYS = ("step_time_s", "compute_time_s", "comm_time_s", "exposed_comm_time_s", "comm_overhead", "peer_wait_time_s")
 
 
@@ -47,6 +61,36 @@ def scenario_dict(world: int, steps: int, reshard: bool) -> dict:
     data["training"].update(steps=steps, checkpoint_every=0)  # no DCP saves inside the timed steps
     data["fsdp"]["reshard_after_forward"] = reshard
     return data
+
+
+def measured_ops(path: Path, out: Path) -> dict:
+    """ms per step, mean over ranks, of each collective and of the compute around them."""
+    env = dict(os.environ, OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    res = launch_local([sys.executable, str(PROFILER), str(path), str(out)], int(yaml.safe_load(
+        path.read_text())["agents"]["count"]), timeout_s=300, env=env)
+    if not res.ok:
+        sys.exit(f"profiled run of {path} failed: {res.failure}")
+    ranks = json.loads(out.read_text())
+    got = {label: statistics.mean(r.get(real, 0.0) for r in ranks) for label, _, real in OPS}
+    got["compute"] = statistics.mean(r["compute"] + r["optimizer"] for r in ranks)
+    return got
+
+
+def predicted_ops(report: dict) -> dict:
+    per = report["world_size"] * report["steps"]
+    by_name = {b["name"]: b["time_s"] for b in report["breakdown"]}
+    got = {label: 1e3 * by_name.get(sim, 0.0) / per for label, sim, _ in OPS}
+    got["compute"] = 1e3 * report["compute_time_s"]
+    return got
+
+
+def print_ops(n: int, pred: list[dict], meas: list[dict]) -> None:
+    print(f"\n{n} ranks, ms per step (medians)   predicted   measured   error")
+    for label in (*(o[0] for o in OPS), "compute"):
+        p, m = (statistics.median(d[label] for d in ds) for ds in (pred, meas))
+        if p or m:
+            print(f"  {label:30s} {p:9.1f} {m:10.1f}   {err(p, m):+6.1%}")
 
 
 def median(reports: list[dict]) -> dict:
@@ -61,6 +105,7 @@ def main(argv=None) -> int:
     ap.add_argument("--calibrate-with", default="ddp", metavar="STRATEGY",
                     help="program calibrate runs (default ddp; single: no collectives, so no in-run factor)")
     ap.add_argument("--zero2", action="store_true", help="reshard_after_forward false (ZeRO-2) instead of ZeRO-3")
+    ap.add_argument("--no-breakdown", action="store_true", help="skip the op-by-op profiled run")
     ap.add_argument("--markdown", action="store_true", help="also print the table as markdown")
     ap.add_argument("--keep", metavar="DIR", help="write scenarios, profiles and runs to DIR")
     args = ap.parse_args(argv)
@@ -70,15 +115,20 @@ def main(argv=None) -> int:
     for n in args.ranks:
         path = work / f"fsdp{n}.yaml"
         path.write_text(yaml.safe_dump(scenario_dict(n, args.steps, not args.zero2), sort_keys=False))
-        preds, meass = [], []
+        preds, meass, pops, mops = [], [], [], []
         for k in range(args.repeats):
             profile = work / f"profile{n}-{k}.yaml"
             calibrate(path, profile, ["--set", f"training.strategy={args.calibrate_with}"])
             meass.append(measure(path, work / f"run{n}-{k}"))
             preds.append(predict(path, profile))
+            if not args.no_breakdown:
+                mops.append(measured_ops(path, work / f"ops{n}-{k}.json"))
+                pops.append(predicted_ops(preds[-1]))
             print(f"[{time.perf_counter() - t0:5.0f} s] {n} ranks, repeat {k + 1}: step "
                   f"{1e3 * preds[-1]['step_time_s']:.1f} predicted vs {1e3 * meass[-1]['step_time_s']:.1f} ms measured",
                   flush=True)
+        if mops:
+            print_ops(n, pops, mops)
         pred, meas = median(preds), median(meass)
         rows.append({"config": f"fsdp {'ZeRO-2' if args.zero2 else 'ZeRO-3'}, cpu-fsdp", "ranks": n, "pred": pred,
                      "meas": meas, "step_spread": spread([m["step_time_s"] for m in meass]),

@@ -1,0 +1,74 @@
+"""Run inside a launched rank: where an fsdp step's time goes on this backend. FSDP2
+calls ``torch.distributed.all_gather_single`` / ``reduce_scatter_single`` (and
+``all_reduce`` for HSDP) through the module, so wrapping those three times each
+collective as the rank sees it (waiting for its peers included); the rest of
+forward/backward is compute, FSDP's copies and hooks. Rank 0 writes every rank's figures
+(ms per step, mean over the timed steps) to OUT as JSON.
+
+    python tests/backends/bk_fsdp_profile.py SCENARIO OUT [FIELD=VALUE ...]
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections import defaultdict
+
+import torch.distributed as dist
+
+from oresearcher.backends.fsdp import make_learner
+from oresearcher.backends.launcher import from_environ
+from oresearcher.backends.worker import finish_rank, init_process_group
+from oresearcher.scenario import load_scenario
+
+WARMUP, STEPS = 2, 10
+SPENT = defaultdict(float)  # collective name -> seconds inside it on this rank
+
+
+def timed(name: str):
+    inner = getattr(dist, name)
+
+    def call(*args, **kwargs):
+        t = time.perf_counter()
+        work = inner(*args, **kwargs)
+        if work is not None and kwargs.get("async_op"):
+            work.wait()  # FSDP2 on CPU issues them synchronously; kept for a GPU's async ones
+        SPENT[name] += time.perf_counter() - t
+        return work
+    setattr(dist, name, call)
+
+
+def main(scenario_path: str, out: str, *overrides: str) -> None:
+    for name in ("all_gather_single", "reduce_scatter_single", "all_reduce"):
+        timed(name)
+    denv = from_environ()
+    device, _ = init_process_group(denv, "gloo", 60.0)
+    scenario = load_scenario(scenario_path, [f"agents.count={denv.world_size}", *overrides])
+    learner = make_learner(scenario, denv.rank, denv.world_size, device)
+    for _ in range(WARMUP):
+        learner.forward_backward()
+        learner.optimizer_step()
+    dist.barrier()
+    SPENT.clear()
+    fb = opt = 0.0
+    for _ in range(STEPS):
+        t0 = time.perf_counter()
+        learner.forward_backward()
+        t1 = time.perf_counter()
+        learner.optimizer_step()
+        fb, opt = fb + t1 - t0, opt + time.perf_counter() - t1
+    mine = {"forward_backward": fb, "optimizer": opt, **SPENT}
+    mine = {k: 1e3 * v / STEPS for k, v in mine.items()}
+    mine["compute"] = mine["forward_backward"] - sum(SPENT.values()) * 1e3 / STEPS
+    held = [None] * denv.world_size
+    dist.all_gather_object(held, mine)
+    if denv.rank == 0:
+        with open(out, "w") as f:
+            json.dump(held, f)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
+    finish_rank(0)  # skips gloo's static destructors (see backends.worker.finish_rank)
