@@ -100,9 +100,9 @@ def hosted_program(ctx, learner):
     saved = [None] * k
     numeric = ctx.numeric
     for rnd in range(len(rounds)):
-        losses, used = [], []
-        for j, a in enumerate(mine):
-            L = agents[j]
+        losses, used = [0.0] * k, [0.0] * k
+        for j in [(rnd + i) % k for i in range(k)]:  # who runs first rotates: the first slice
+            a, L = mine[j], agents[j]  # after the round's exchange runs on a cold cache
             yield Swap(move_in, (L, saved[j]), nbytes=nbytes, name="swap_in")
             t0 = clock()
             ls = []
@@ -110,11 +110,10 @@ def hosted_program(ctx, learner):
                 met = yield Compute(L.forward_backward, flops=L.fwd_flops + L.bwd_flops, name="fwd_bwd")
                 yield Compute(L.optimizer_step, name="optimizer")
                 ls.append(float((met or {}).get("loss", float("nan"))))
-            t1 = clock()
-            used.append(t1 - t0)
+            used[j] = clock() - t0
             saved[j] = yield Swap(move_out if numeric else None, (L,) if numeric else (), nbytes=nbytes,
                                   name="swap_out")
-            losses.append(sum(ls) / len(ls) if ls else float("nan"))
+            losses[j] = sum(ls) / len(ls) if ls else float("nan")
         dev = ctx.device if numeric else torch.device("meta")
         stats = torch.tensor([[x, u] for x, u in zip(losses, used)], dtype=torch.float64).to(dev)
         gathered = yield AllGather(stats, name="stats_gather")
@@ -146,3 +145,28 @@ def hosted_program(ctx, learner):
             plan = sched.plan(rewards, k * rounds[rnd + 1], costs)
         yield StepDone(sum(rounds[:rnd + 1]) - 1, metrics)
     return None
+
+
+def device_time_vs_shares(report: dict, skip_rounds: int = 1, burst: float | None = None):
+    """From a report of a hosted run: per agent, the fraction of all device time it used
+    and the fraction it was handed, over the rounds after the first ``skip_rounds`` (the
+    first round's steps include warm-up: lazy allocations, first calls); and the fraction
+    of slices capped. ``burst``: a slice whose time per unit exceeds ``burst`` x its rank's
+    median counts at that cap (on a shared host a neighbour's burst, not the schedule)."""
+    rows = report["metrics"]
+    first = rows["0"] if "0" in rows else rows[0]
+    n = sum(1 for key in first[0] if key.startswith("target."))
+    used, given, capped, slices = [0.0] * n, [0.0] * n, 0, 0
+    for per_rank in rows.values():
+        mine = [(a, m[f"device_s.{a}"], m[f"units.{a}"]) for m in per_rank[skip_rounds:]
+                for a in range(n) if f"device_s.{a}" in m]
+        rates = sorted(t / u for _, t, u in mine if u > 0)
+        top = burst * rates[len(rates) // 2] if burst and rates else math.inf
+        for a, t, u in mine:
+            slices += 1
+            capped += t > top * u
+            used[a] += min(t, top * u)
+    for m in first[skip_rounds:]:
+        for a in range(n):
+            given[a] += m[f"target.{a}"]
+    return [u / sum(used) for u in used], [g / sum(given) for g in given], capped / max(1, slices)
