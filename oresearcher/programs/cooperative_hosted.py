@@ -18,6 +18,7 @@ simulated seconds in the simulator, wall seconds on gloo) and reported per round
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from dataclasses import dataclass
 
@@ -100,17 +101,19 @@ def hosted_program(ctx, learner):
     saved = [None] * k
     numeric = ctx.numeric
     for rnd in range(len(rounds)):
-        losses, used = [0.0] * k, [0.0] * k
+        losses, used, steady = [0.0] * k, [0.0] * k, [0.0] * k
         for j in [(rnd + i) % k for i in range(k)]:  # who runs first rotates: the first slice
             a, L = mine[j], agents[j]  # after the round's exchange runs on a cold cache
             yield Swap(move_in, (L, saved[j]), nbytes=nbytes, name="swap_in")
-            t0 = clock()
-            ls = []
+            ls, times = [], []
             for _ in range(plan.steps[a]):
+                t0 = clock()
                 met = yield Compute(L.forward_backward, flops=L.fwd_flops + L.bwd_flops, name="fwd_bwd")
                 yield Compute(L.optimizer_step, name="optimizer")
+                times.append(clock() - t0)
                 ls.append(float((met or {}).get("loss", float("nan"))))
-            used[j] = clock() - t0
+            used[j] = sum(times)
+            steady[j] = statistics.median(times) * len(times) if times else 0.0
             saved[j] = yield Swap(move_out if numeric else None, (L,) if numeric else (), nbytes=nbytes,
                                   name="swap_out")
             losses[j] = sum(ls) / len(ls) if ls else float("nan")
@@ -133,6 +136,7 @@ def hosted_program(ctx, learner):
                                   flops=2.0 * n * L.numel, name="fusion")
             for i, a in enumerate(mine):
                 metrics[f"device_s.{a}"] = float(used[i])
+                metrics[f"steady_s.{a}"] = float(steady[i])  # median step x steps: a neighbour's stall left out
             metrics.update({f"loss.{a}": float(loss[a]) for a in range(n)})
         else:
             rewards = [0.0] * n
@@ -147,19 +151,20 @@ def hosted_program(ctx, learner):
     return None
 
 
-def device_time_vs_shares(report: dict, skip_rounds: int = 1, burst: float | None = None):
+def device_time_vs_shares(report: dict, skip_rounds: int = 1, burst: float | None = None, key: str = "device_s"):
     """From a report of a hosted run: per agent, the fraction of all device time it used
     and the fraction it was handed, over the rounds after the first ``skip_rounds`` (the
     first round's steps include warm-up: lazy allocations, first calls); and the fraction
     of slices capped. ``burst``: a slice whose time per unit exceeds ``burst`` x its rank's
-    median counts at that cap (on a shared host a neighbour's burst, not the schedule)."""
+    median counts at that cap (on a shared host a neighbour's burst, not the schedule).
+    ``key``: "device_s" (the slices' measured time) or "steady_s" (median step x steps)."""
     rows = report["metrics"]
     first = rows["0"] if "0" in rows else rows[0]
     n = sum(1 for key in first[0] if key.startswith("target."))
     used, given, capped, slices = [0.0] * n, [0.0] * n, 0, 0
     for per_rank in rows.values():
-        mine = [(a, m[f"device_s.{a}"], m[f"units.{a}"]) for m in per_rank[skip_rounds:]
-                for a in range(n) if f"device_s.{a}" in m]
+        mine = [(a, m[f"{key}.{a}"], m[f"units.{a}"]) for m in per_rank[skip_rounds:]
+                for a in range(n) if f"{key}.{a}" in m]
         rates = sorted(t / u for _, t, u in mine if u > 0)
         top = burst * rates[len(rates) // 2] if burst and rates else math.inf
         for a, t, u in mine:

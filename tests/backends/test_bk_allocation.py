@@ -3,12 +3,14 @@ shares (oresearcher.cooperation.scheduler).
 
 What the schedule hands out is exact: the units each agent ran (whole steps, credit
 carried) match its shares within 5%, and equal the simulator's for the same scenario.
-The device time each agent used (CPU time of its slices, from the second round on: the
-first includes warm-up) is measured too, but on this oversubscribed 2-core VM the time
-per unit of a slice varies by about 10% with the neighbours' load, and now and then one
-slice stalls 3-6x (README: "Device time by shares"). Slices slower per unit than 2x their
-rank's median count at that cap (at most 5% of them may), and the time is held to 20%: a
-bound that still catches a schedule handing out the wrong time (shares differ 2-5x)."""
+The device time each agent used is measured as CPU time per step (ranks share the
+cores): on this oversubscribed 2-core VM a slice's time per unit varies by about 10% with
+the neighbours' load and now and then a whole slice stalls 3-6x (README: "Device time by
+shares" gives the raw figures). The steady time, median step x steps, from the second
+round on (the first includes warm-up), matched the shares within 3-7% in runs here: what
+is left is the ranks' own speeds (one rank runs 5% slower than another for a whole run
+under this load), which a schedule of work cannot know. It is held to 10% here; the
+simulator, with equal devices, meets 5% (tests/test_allocation_hosted.py)."""
 from __future__ import annotations
 
 import json
@@ -43,7 +45,6 @@ def test_gloo_hosted_agents_get_their_shares(tmp_path, child_env):
     assert max(given) > 1.5 * min(given)  # time really moved between agents
     for a in range(8):
         assert abs(units[a] - given[a]) <= 0.05 * given[a], (a, units, given)
-    used, given_t, capped = device_time_vs_shares(report, skip_rounds=1, burst=2.0)
-    assert capped <= 0.05
+    used, given_t, _ = device_time_vs_shares(report, skip_rounds=1, key="steady_s")
     for a in range(8):
-        assert abs(used[a] - given_t[a]) <= 0.20 * given_t[a], (a, used, given_t)
+        assert abs(used[a] - given_t[a]) <= 0.10 * given_t[a], (a, used, given_t)
