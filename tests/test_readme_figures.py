@@ -1,0 +1,54 @@
+"""README figures cannot drift: the quick blocks of benchmarks/readme_figures.py match a fresh run,
+and the rewriting touches nothing outside its markers."""
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("readme_figures", ROOT / "benchmarks" / "readme_figures.py")
+rf = importlib.util.module_from_spec(_spec)
+sys.modules["readme_figures"] = rf  # its dataclasses look their module up
+_spec.loader.exec_module(rf)
+
+TEXT = """# t
+prose with a number 1.0 that no block owns
+<!-- fig:a -->
+old a
+<!-- /fig:a -->
+between
+<!-- fig:b -->
+old b
+<!-- /fig:b -->
+tail
+"""
+
+
+def test_replace_rewrites_only_inside_markers():
+    out = rf.replace(TEXT, {"a": "new a\nsecond line\n"})
+    assert out == TEXT.replace("old a\n", "new a\nsecond line\n")
+    assert rf.blocks_in(out) == {"a": "new a\nsecond line\n", "b": "old b\n"}
+    assert rf.replace(TEXT, {}) == TEXT
+
+
+@pytest.mark.parametrize("bad, msg", [(TEXT.replace("<!-- /fig:b -->\n", ""), "no matching"),
+                                      (TEXT + "<!-- fig:a -->\nx\n<!-- /fig:a -->\n", "appears twice")])
+def test_broken_markers_are_named(bad, msg):
+    with pytest.raises(ValueError, match=msg):
+        rf.blocks_in(bad)
+
+
+def test_every_block_is_in_the_readme_once_and_check_sees_a_difference(monkeypatch):
+    present = rf.blocks_in(rf.README.read_text())
+    assert {b.name for b in rf.BLOCKS} <= set(present)
+    fake = rf.Block("sim-8xA100", "x", lambda: "not what the README holds\n")
+    diffs = rf.check([fake], log=lambda s: None)
+    assert len(diffs) == 1 and "+not what the README holds" in diffs[0]
+
+
+def test_quick_readme_figures_match_a_fresh_run():
+    blocks = rf.select(None, quick=True)
+    assert len(blocks) >= 4
+    diffs = rf.check(blocks, log=lambda s: None)
+    assert not diffs, "README figures drifted; run `python benchmarks/readme_figures.py --quick`:\n" + "\n".join(diffs)
