@@ -12,7 +12,7 @@ def _hist(*entries):
 def test_last_task_metric_per_agent_with_role_and_the_validators_pick():
     metrics = {"0": _hist({"role": 0, "loss": 2.0}, {"role": 1, "test_accuracy": 0.90, "final_reliability": 0.2}),
                "1": _hist({"role": 2, "test_accuracy": 0.80}, {"role": 2, "final_reliability": 0.7}),
-               "2": _hist({"role": 0, "loss": 1.0})}
+               "2": _hist({"role": "explorer", "loss": 1.0})}
     s = final_section(metrics, "oresearcher")
     assert s["metric"] == "test_accuracy"
     assert s["agents"] == [{"rank": 0, "role": "optimizer", "value": 0.90},

@@ -37,10 +37,14 @@ def _last(history: list[dict], key: str):
 
 
 def _role(history: list[dict]) -> str:
-    code = _last(history, "role")
-    if code is None:
-        return "-"
-    return ROLES[int(code)] if 0 <= int(code) < len(ROLES) else str(int(code))
+    """The rank's last role: a code (what programs report) or a name; "-" without roles."""
+    for m in reversed(history):
+        v = m.get("role")
+        if isinstance(v, str) and v:
+            return v
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+            return ROLES[int(v)] if 0 <= int(v) < len(ROLES) else str(int(v))
+    return "-"
 
 
 def final_section(metrics: dict, strategy: str | None) -> dict | None:
