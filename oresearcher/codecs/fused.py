@@ -64,12 +64,12 @@ def applies(t: torch.Tensor, dtype: torch.dtype = torch.float32) -> bool:
             and os.environ.get("ORESEARCHER_TRITON", "1") != "0" and kernels() is not None and not interpreted())
 
 
-def _mod(t: torch.Tensor):
-    return kernels()
-
-
 def _launch(kernel, grid, t, *args, **meta):
+    """Launch ``kernel`` for tensor ``t``'s device: compiled kernels take CUDA tensors only."""
     if not interpreted():
+        if t.device.type != "cuda":
+            raise RuntimeError(f"compiled Triton kernels need CUDA tensors, got {t.device} "
+                               "(CPU tensors run in the interpreter: TRITON_INTERPRET=1)")
         meta["enable_fp_fusion"] = False  # v - q*s and v*inv + u rounded twice, as eager
     kernel[grid](*args, **meta)
 
@@ -88,7 +88,7 @@ def int8_encode(flat: torch.Tensor, chunk: int, residual=None, ef: bool = False,
     ``flags`` per chunk: 1 non-finite input, 2 non-finite input plus residual."""
     if chunk > MAX_CHUNK or flat.dtype != torch.float32:
         return None
-    k = _mod(flat)
+    k = kernels()
     n = flat.numel()
     nchunks = -(-n // chunk)
     absmax = torch.empty(nchunks, dtype=torch.float32, device=flat.device)
@@ -130,7 +130,7 @@ def int8_decode(absmax: torch.Tensor, codes: torch.Tensor, chunk: int):
     """The decoded float32 tensor (the same bits as :func:`.quant.dequantize_int8`)."""
     out = torch.empty(codes.numel(), dtype=torch.float32, device=codes.device)
     if codes.numel():
-        _launch(_mod(codes).int8_decode, (-(-codes.numel() // _BLOCK),), codes, absmax, codes, out, codes.numel(),
+        _launch(kernels().int8_decode, (-(-codes.numel() // _BLOCK),), codes, absmax, codes, out, codes.numel(),
                 chunk, BLOCK=_BLOCK)
     return out
 
@@ -141,7 +141,7 @@ def absmax(flat: torch.Tensor) -> torch.Tensor:
     part = torch.zeros(nb, dtype=torch.float32, device=flat.device)
     flags = torch.zeros(nb, dtype=torch.int8, device=flat.device)
     if flat.numel():
-        _launch(_mod(flat).absmax_partials, (nb,), flat, flat, part, flags, flat.numel(), BLOCK=_BLOCK)
+        _launch(kernels().absmax_partials, (nb,), flat, flat, part, flags, flat.numel(), BLOCK=_BLOCK)
     if bool(flags.any()):
         raise ValueError("codec input holds non-finite values (NaN or inf)")
     return part.amax()
@@ -151,8 +151,9 @@ def scale_cast(flat: torch.Tensor, shift: int, target: torch.dtype) -> torch.Ten
     """``(flat * 2**shift).to(target)`` in one pass."""
     out = torch.empty(flat.numel(), dtype=target, device=flat.device)
     if flat.numel():
-        _launch(_mod(flat).scale_cast, (-(-flat.numel() // _BLOCK),), flat, flat,
-                out.view(torch.int16) if target == torch.bfloat16 else out, flat.numel(), float(2.0 ** shift), BF16=target == torch.bfloat16, BLOCK=_BLOCK)
+        _launch(kernels().scale_cast, (-(-flat.numel() // _BLOCK),), flat, flat,
+                out.view(torch.int16) if target == torch.bfloat16 else out, flat.numel(), float(2.0 ** shift),
+                BF16=target == torch.bfloat16, BLOCK=_BLOCK)
     return out
 
 
@@ -160,7 +161,7 @@ def unscale(data: torch.Tensor, shift: int) -> torch.Tensor:
     """``data.float() * 2**-shift``, clamped to the finite float32 range, in one pass."""
     out = torch.empty(data.numel(), dtype=torch.float32, device=data.device)
     if data.numel():
-        _launch(_mod(data).unscale, (-(-data.numel() // _BLOCK),), data,
+        _launch(kernels().unscale, (-(-data.numel() // _BLOCK),), data,
                 data.view(torch.int16) if data.dtype == torch.bfloat16 else data, out, data.numel(),
                 float(2.0 ** -shift), BF16=data.dtype == torch.bfloat16, BLOCK=_BLOCK)
     return out
@@ -170,7 +171,7 @@ def device_indices(seed: int, d: int, k: int, device) -> torch.Tensor:
     """Rand-k's device-stream indices (:func:`.sparse.hash_indices`' bits) by the kernel."""
     idx = torch.empty(k, dtype=torch.int64, device=device)
     if k:
-        _launch(_mod(idx).randk_indices, (-(-k // _BLOCK),), idx, idx, _signed(seed), d, k, BLOCK=_BLOCK)
+        _launch(kernels().randk_indices, (-(-k // _BLOCK),), idx, idx, _signed(seed), d, k, BLOCK=_BLOCK)
     return idx
 
 
@@ -178,7 +179,7 @@ def randk_gather(flat: torch.Tensor, seed: int, k: int) -> torch.Tensor:
     """``flat[device_indices(seed, d, k)]`` without materialising the indices."""
     vals = torch.empty(k, dtype=flat.dtype, device=flat.device)
     if k:
-        _launch(_mod(flat).randk_gather, (-(-k // _BLOCK),), flat, flat, vals, _signed(seed), flat.numel(), k,
+        _launch(kernels().randk_gather, (-(-k // _BLOCK),), flat, flat, vals, _signed(seed), flat.numel(), k,
                 BLOCK=_BLOCK)
     return vals
 

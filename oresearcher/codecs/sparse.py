@@ -217,7 +217,10 @@ class RandK(_Sparse):
         d, k = flat.numel(), k_of(self.ratio, flat.numel())
         if flat.device.type == "cuda":  # the device stream (module docstring)
             seed |= DEVICE_STREAM
-            vals = fused.randk_gather(flat, seed, k) if fused.applies(flat) else flat[hash_indices(seed, d, k, flat.device)]
+            if fused.applies(flat):
+                vals = fused.randk_gather(flat, seed, k)  # indices generated and gathered in one pass
+            else:
+                vals = flat[hash_indices(seed, d, k, flat.device)]
         else:
             vals = flat[rand_indices(seed, d, k, flat.device)]
         return {"seed": torch.tensor([_int64(seed)], dtype=torch.int64, device=flat.device),

@@ -26,7 +26,7 @@ would round ``v - q*s`` and ``v*inv + u`` once instead of twice and change bits.
 import triton
 import triton.language as tl
 
-FLT_MAX = 3.4028234663852886e38
+FLT_MAX = tl.constexpr(3.4028234663852886e38)
 
 
 @triton.jit
@@ -38,7 +38,7 @@ def _round_half_even(y):
     return tl.where(up, f + 1.0, f)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed"])
 def int8_encode(x_ptr, e_ptr, enew_ptr, u_ptr, absmax_ptr, codes_ptr, flag_ptr, n, nchunks, chunk, seed,
                 HAS_E: tl.constexpr, EF: tl.constexpr, NOISE: tl.constexpr,
                 ROWS: tl.constexpr, BLOCK: tl.constexpr):
@@ -64,7 +64,9 @@ def int8_encode(x_ptr, e_ptr, enew_ptr, u_ptr, absmax_ptr, codes_ptr, flag_ptr, 
     inv = tl.math.div_rn(tl.full(a.shape, 127.0, tl.float32), safe)
     tiny = (inv > FLT_MAX) & (a > 0.0)
     inv = tl.where((inv > FLT_MAX) | (a == 0.0), 0.0, inv)
-    y = tl.where(tiny[:, None], tl.math.div_rn(v, safe[:, None]) * 127.0, v * inv[:, None])
+    # div_rn does not broadcast (a plain builtin): give it the tile's shape
+    y = tl.where(tiny[:, None], tl.math.div_rn(v, tl.broadcast_to(safe[:, None], (ROWS, BLOCK))) * 127.0,
+                 v * inv[:, None])
     if NOISE == 0:
         q = _round_half_even(y)
     else:
@@ -134,13 +136,13 @@ def _splitmix_index(seed, i, d):
     return ((z >> 1) % d.to(tl.uint64)).to(tl.int64)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed", "d", "k"])  # a value of 1 would become a constexpr without .to()
 def randk_indices(idx_ptr, seed, d, k, BLOCK: tl.constexpr):
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
     tl.store(idx_ptr + i, _splitmix_index(seed, i, d), mask=i < k)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed", "d", "k"])
 def randk_gather(x_ptr, vals_ptr, seed, d, k, BLOCK: tl.constexpr):
     i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
     mask = i < k
