@@ -62,7 +62,7 @@ from ..cooperation import roles as R
 from ..cooperation.allocation import AllocationState
 from ..cooperation.budget_round import BudgetRun
 from ..cooperation.fusion import fuse, group_weights
-from ..ops import Compute, StepDone
+from ..ops import AllReduce, Compute, StepDone
 from ..cooperation.outer import OuterNesterov
 from ..cooperation.replay import PrioritizedReplay
 from ..cooperation.rewards import scheduled_weights
@@ -107,7 +107,7 @@ def train_step(ctx, learner, role, cfg, share_group, share, codec, privacy=None,
         if timer is not None:  # communication.budget: time blocked at the share
             timer.begin_share()
         buckets = yield Compute(_finite_buckets, learner, name="pack")
-        reduced = yield from reduce_buckets(ctx, buckets, share_group, codec, name="grad_share")
+        reduced = yield from _healthy_average(ctx, buckets, share_group, codec)
         if timer is not None:
             timer.end_share()
         yield Compute(learner.apply_grads, reduced, name="optimizer")
@@ -118,12 +118,40 @@ def train_step(ctx, learner, role, cfg, share_group, share, codec, privacy=None,
 
 def _finite_buckets(learner) -> list:
     """The gradient buckets, zeroed if any value is non-finite: a diverged agent must not
-    poison the others through gradient sharing (fusion excludes it at the round's end)."""
+    poison the others through gradient sharing (fusion excludes it at the round's end).
+    The last bucket carries one more element, 1 if this agent's gradient is healthy, so
+    the average divides by the healthy agents, not all of them (:func:`_healthy_average`)."""
     buckets = learner.grad_buckets()
+    healthy = 1.0
     if buckets and buckets[0].device.type != "meta" and not all(bool(torch.isfinite(b).all()) for b in buckets):
         log.warning("non-finite gradients: this agent shares zeros until the fusion round")
-        buckets = [torch.zeros_like(b) for b in buckets]
+        buckets, healthy = [torch.zeros_like(b) for b in buckets], 0.0
+    if buckets:
+        last = buckets[-1]
+        buckets[-1] = torch.cat([last.reshape(-1), torch.full((1,), healthy, dtype=last.dtype, device=last.device)])
     return buckets
+
+
+def _healthy_average(ctx, buckets, group, codec):
+    """Average gradients over the healthy members of ``group`` only: sum / healthy count,
+    the count being the sum of the members' flags (the last bucket's extra element).
+    With a codec the flags travel in their own exact all-reduce (a compressed element
+    would not count exactly)."""
+    if not buckets:
+        return []
+    if codec is None:
+        reduced = yield from reduce_buckets(ctx, buckets, group, None, name="grad_share")
+        frac = reduced[-1][-1:]  # mean of the flags: healthy / members
+        reduced[-1] = reduced[-1][:-1]
+    else:
+        flags = buckets[-1][-1:].clone()
+        buckets = buckets[:-1] + [buckets[-1][:-1]]
+        reduced = yield from reduce_buckets(ctx, buckets, group, codec, name="grad_share")
+        frac = yield AllReduce(flags, group=group, op="avg", name="healthy_count")
+    if frac.device.type == "meta":
+        return reduced
+    f = float(frac.reshape(-1)[0])
+    return [b / f for b in reduced] if f > 0 else reduced
 
 
 # ---- the program ------------------------------------------------------------------------
