@@ -148,7 +148,7 @@ class Interpreter:
             return self._recv(op)
         if isinstance(op, O.StepDone):
             return self._step_done(op)
-        raise TypeError(f"rank {self.rank} yielded {op!r}, which is not an op")
+        raise O.not_an_op(self.rank, op)
 
     def drain(self) -> None:
         """Wait for every collective and send still in flight (a program may not Wait)."""
@@ -193,14 +193,14 @@ class Interpreter:
     # ---- collectives -----------------------------------------------------------------
     def _tensor(self, t: torch.Tensor) -> torch.Tensor:
         if t is None or t.device.type == "meta":
-            raise ValueError(f"rank {self.rank}: a collective payload is a meta tensor or None; "
+            raise O.ProgramError(f"rank {self.rank}: a collective payload is a meta tensor or None; "
                              "real runs need learners built with mode='real'")
         return t.to(self.device).contiguous()
 
     def _issue(self, op: O.Collective) -> InFlight:
         group = O.resolve_group(op.group, self.world_size)
         if self.rank not in group:
-            raise ValueError(f"rank {self.rank} issued {op.kind} on group {group} it is not in")
+            raise O.not_in_group(self.rank, op.kind, group)
         start = self.clock()  # a group's first use creates it (a rendezvous): communication too
         pg, n = self.groups.get(group), len(group)
         work, finish = self._call(op, pg, n)
@@ -228,7 +228,7 @@ class Interpreter:
         if isinstance(op, O.ReduceScatter):
             src = self._tensor(op.tensor)
             if src.shape[0] % n:
-                raise ValueError(f"ReduceScatter: dim 0 ({src.shape[0]}) not divisible by group size {n}")
+                raise O.ProgramError(f"ReduceScatter: dim 0 ({src.shape[0]}) not divisible by group size {n}")
             out = torch.empty((src.shape[0] // n, *src.shape[1:]), dtype=src.dtype, device=src.device)
             rs = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
             work = rs(out, src, op=self._reduce_op(op.op), group=pg, async_op=True)
@@ -238,9 +238,8 @@ class Interpreter:
             outs = [torch.empty_like(src) for _ in range(n)]
             return dist.all_gather(outs, src, group=pg, async_op=True), lambda: outs
         if isinstance(op, O.AllToAll):
+            O.check_all_to_all(op, n)
             srcs = [self._tensor(t) for t in op.tensors]
-            if len(srcs) != n:
-                raise ValueError(f"AllToAll: {len(srcs)} tensors for a group of {n}")
             outs = [torch.empty_like(t) for t in srcs]
             return dist.all_to_all(outs, srcs, group=pg, async_op=True), lambda: outs
         if isinstance(op, O.Broadcast):
@@ -249,7 +248,7 @@ class Interpreter:
         if isinstance(op, O.Barrier):
             kw = {"device_ids": [self.device.index]} if self.device.type == "cuda" else {}
             return dist.barrier(group=pg, async_op=True, **kw), lambda: None
-        raise TypeError(f"unknown collective {op!r}")
+        raise O.ProgramError(f"unknown collective {op!r}")
 
     def _watch(self, f: InFlight) -> None:
         self.inflight.append(f)
@@ -282,7 +281,7 @@ class Interpreter:
     def _wait(self, f: InFlight, label: str, since: Optional[float] = None):
         """Complete ``f``; the rank is blocked from ``since`` (default: now) until it is done."""
         if not isinstance(f, InFlight):
-            raise TypeError(f"rank {self.rank}: Wait on {f!r}, which is not a handle of this backend")
+            raise O.not_a_handle(self.rank, f)
         t0 = self.clock() if since is None else since
         result = self._complete(f)
         self._blocked(label, t0, self.clock())

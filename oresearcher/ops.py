@@ -49,13 +49,22 @@ StepDone      ``None`` (marks the end of a training step; carries metrics)
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Generator, Optional, Sequence
 
 import torch
 
 Group = Optional[Sequence[int]]
 
 REDUCE_OPS = ("sum", "avg", "max", "min")
+
+
+class ProgramError(ValueError):
+    """A mistake in an agent program, named alike by every interpreter (the simulator,
+    the real backend, :mod:`oresearcher.testing`): it yielded something that is not an op,
+    built an op with bad arguments (a reduce op, an AllToAll without one tensor per
+    member), used a group that does not exist or that it is not in, waited on something
+    that is not a handle, or the members of a group disagree (different collectives,
+    indivisible ReduceScatter). A ValueError, so older ``except ValueError`` still hold."""
 
 
 @dataclass(eq=False)
@@ -105,7 +114,7 @@ class AllReduce(Collective):
 
     def __init__(self, tensor, group=None, op="sum", async_op=False, algorithm=None, name=""):
         if op not in REDUCE_OPS:
-            raise ValueError(f"AllReduce op must be one of {REDUCE_OPS}, got {op!r}")
+            raise ProgramError(f"AllReduce op must be one of {REDUCE_OPS}, got {op!r}")
         self.tensor, self.group, self.op = tensor, group, op
         self.async_op, self.algorithm, self.name = async_op, algorithm, name or "all_reduce"
 
@@ -117,7 +126,7 @@ class ReduceScatter(Collective):
 
     def __init__(self, tensor, group=None, op="sum", async_op=False, algorithm=None, name=""):
         if op not in REDUCE_OPS:
-            raise ValueError(f"ReduceScatter op must be one of {REDUCE_OPS}, got {op!r}")
+            raise ProgramError(f"ReduceScatter op must be one of {REDUCE_OPS}, got {op!r}")
         self.tensor, self.group, self.op = tensor, group, op
         self.async_op, self.algorithm, self.name = async_op, algorithm, name or "reduce_scatter"
 
@@ -206,6 +215,11 @@ class StepDone(Op):
 
 COLLECTIVES = (AllReduce, ReduceScatter, AllGather, AllToAll, Broadcast, Barrier)
 
+# An agent program's running generator: yields ops, is sent each op's result, may return a
+# value (sub-programs return theirs through ``yield from``). What a program function
+# (``program(ctx, learner)``, :data:`oresearcher.programs.ProgramFn`) returns.
+Program = Generator[Op, Any, Any]
+
 
 def payload_bytes(op: Op) -> int:
     """Bytes of this rank's payload for ``op`` (input size, before any algorithm)."""
@@ -226,7 +240,7 @@ def resolve_group(group: Group, world_size: int) -> tuple:
         return tuple(range(world_size))
     ranks = tuple(sorted(int(r) for r in group))
     if len(set(ranks)) != len(ranks) or not ranks or ranks[0] < 0 or ranks[-1] >= world_size:
-        raise ValueError(f"bad group {tuple(group)} for world size {world_size}")
+        raise ProgramError(f"bad group {tuple(group)} for world size {world_size}")
     return ranks
 
 
@@ -257,6 +271,9 @@ def collective_results(op_kind: str, inputs: Sequence[Collective], group: tuple)
     mode and the reference interpreter so both follow one definition.
     """
     n = len(group)
+    if op_kind == "AllToAll":
+        for o in inputs:
+            check_all_to_all(o, n)
     if op_kind != "Barrier" and _is_meta(inputs[0]):
         return _meta_results(op_kind, inputs, n)
     if op_kind == "AllReduce":
@@ -265,7 +282,7 @@ def collective_results(op_kind: str, inputs: Sequence[Collective], group: tuple)
     if op_kind == "ReduceScatter":
         red = reduce_tensors([o.tensor for o in inputs], inputs[0].op)
         if red.shape[0] % n:
-            raise ValueError(f"ReduceScatter: dim 0 ({red.shape[0]}) not divisible by group size {n}")
+            raise ProgramError(f"ReduceScatter: dim 0 ({red.shape[0]}) not divisible by group size {n}")
         return [c.clone() for c in red.chunk(n, dim=0)]
     if op_kind == "AllGather":
         gathered = [o.tensor for o in inputs]
@@ -275,12 +292,30 @@ def collective_results(op_kind: str, inputs: Sequence[Collective], group: tuple)
     if op_kind == "Broadcast":
         src = inputs[0].src
         if src not in group:
-            raise ValueError(f"Broadcast root {src} not in group {group}")
+            raise ProgramError(f"Broadcast root {src} not in group {group}")
         root = inputs[group.index(src)].tensor
         return [root.clone() for _ in range(n)]
     if op_kind == "Barrier":
         return [None] * n
-    raise ValueError(f"unknown collective {op_kind}")
+    raise ProgramError(f"unknown collective {op_kind}")
+
+
+def check_all_to_all(op: AllToAll, n: int) -> None:
+    """ProgramError unless ``op`` holds one tensor per member of its group of ``n``."""
+    if len(op.tensors) != n:
+        raise ProgramError(f"AllToAll: {len(op.tensors)} tensors for a group of {n}")
+
+
+def not_an_op(rank: int, op) -> ProgramError:
+    return ProgramError(f"rank {rank} yielded {op!r}, which is not an op")
+
+
+def not_in_group(rank: int, kind: str, group) -> ProgramError:
+    return ProgramError(f"rank {rank} issued {kind} on group {group} it is not in")
+
+
+def not_a_handle(rank: int, token) -> ProgramError:
+    return ProgramError(f"rank {rank}: Wait on {token!r}, which is not a handle of this backend")
 
 
 def _is_meta(op) -> bool:
@@ -295,17 +330,17 @@ def _meta_results(op_kind: str, inputs, n: int) -> list:
         return [torch.empty_like(first.tensor)] * n
     if op_kind == "ReduceScatter":
         if first.tensor.shape[0] % n:
-            raise ValueError(f"ReduceScatter: dim 0 ({first.tensor.shape[0]}) not divisible by group size {n}")
+            raise ProgramError(f"ReduceScatter: dim 0 ({first.tensor.shape[0]}) not divisible by group size {n}")
         t = first.tensor
         return [t.new_empty((t.shape[0] // n, *t.shape[1:]))] * n
     if op_kind == "AllGather":
         return [[o.tensor for o in inputs]] * n
     if op_kind == "AllToAll":
         return [[inputs[j].tensors[i] for j in range(n)] for i in range(n)]
-    raise ValueError(f"unknown collective {op_kind}")
+    raise ProgramError(f"unknown collective {op_kind}")
 
 
-def tap(gen, on_op):
+def tap(gen: Program, on_op: Callable[[Op], None]) -> Program:
     """Pass ``gen``'s ops through unchanged, calling ``on_op(op)`` on each before it is
     yielded; returns ``gen``'s return value. Tests use it to log or
     snapshot programs; distillation counts the FLOPs a program charged."""

@@ -44,12 +44,12 @@ def run_programs(programs: Sequence[Generator]) -> list[list[O.StepDone]]:
     def issue(rank, op):
         group = O.resolve_group(op.group, world)
         if rank not in group:
-            raise ValueError(f"rank {rank} issued {op.kind} on group {group} it is not in")
+            raise O.not_in_group(rank, op.kind, group)
         key = (group, seq[rank, group])
         seq[rank, group] += 1
         p = pending.setdefault(key, _Pending(op))
         if type(p.op) is not type(op):
-            raise ValueError(f"collective mismatch on group {group}: {p.op.kind} vs {op.kind}")
+            raise O.ProgramError(f"collective mismatch on group {group}: {p.op.kind} vs {op.kind}")
         p.ops[rank] = op
         if len(p.ops) == len(group):
             p.results = dict(zip(group, O.collective_results(op.kind, [p.ops[r] for r in group], group)))
@@ -78,6 +78,8 @@ def run_programs(programs: Sequence[Generator]) -> list[list[O.StepDone]]:
                     blocked[rank] = ("wait", p, rank)
                     return
             elif isinstance(op, O.Wait):
+                if not isinstance(getattr(op.handle, "token", None), _Pending):
+                    raise O.not_a_handle(rank, getattr(op.handle, "token", None))
                 blocked[rank] = ("wait", op.handle.token, rank)
                 return
             elif isinstance(op, O.Send):
@@ -86,7 +88,7 @@ def run_programs(programs: Sequence[Generator]) -> list[list[O.StepDone]]:
                 blocked[rank] = ("recv", op.src)
                 return
             else:
-                raise TypeError(f"rank {rank} yielded {op!r}, which is not an op")
+                raise O.not_an_op(rank, op)
 
     def try_unblock(rank) -> bool:
         b = blocked[rank]

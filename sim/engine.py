@@ -42,8 +42,9 @@ def lognormal_params(cv: float) -> tuple[float, float]:
     return -s2 / 2, math.sqrt(s2)
 
 
-class CollectiveMismatch(RuntimeError):
-    pass
+class CollectiveMismatch(O.ProgramError, RuntimeError):
+    """The members of a group issued different collectives or payload sizes (a
+    :class:`~oresearcher.ops.ProgramError`; a RuntimeError for older callers)."""
 
 
 class _Instance:
@@ -155,7 +156,10 @@ class Engine:
                 else:
                     val = yield from self._block(rank, inst)
             elif isinstance(op, O.Wait):
-                val = yield from self._block(rank, op.handle.token)
+                token = getattr(op.handle, "token", None)
+                if not isinstance(token, _Instance):
+                    raise O.not_a_handle(rank, token)
+                val = yield from self._block(rank, token)
             elif isinstance(op, O.Send):
                 # buffered, as in the reference interpreter and the real backend (isend):
                 # the sender goes on; the transfer runs once the receiver posts its Recv
@@ -173,7 +177,7 @@ class Engine:
                 if self.faults is not None:
                     yield from self.faults.after_step(env, tl, rank, op.step)
             else:
-                raise TypeError(f"rank {rank} yielded {op!r}, which is not an op")
+                raise O.not_an_op(rank, op)
 
     def _block(self, rank, inst):
         start = self.env.now
@@ -198,7 +202,7 @@ class Engine:
 
     def _arrive(self, rank, op, kind, ranks, gkey):
         if rank not in ranks:
-            raise ValueError(f"rank {rank} issued {kind} on group {ranks} it is not in")
+            raise O.not_in_group(rank, kind, ranks)
         seq = self._seq[rank, gkey]
         self._seq[rank, gkey] = seq + 1
         key = (gkey, seq)  # the k-th call on a group meets every member's k-th call

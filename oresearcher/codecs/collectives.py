@@ -57,7 +57,7 @@ def _decode(fn, numel, *args):
 
 
 def allgather_exchange(codec: Codec, x: torch.Tensor, *, group=None, world_size=None,
-                       key: str = DEFAULT_KEY, average: bool = False):
+                       key: str = DEFAULT_KEY, average: bool = False) -> O.Program:
     """Compressed exchange by all-gather; ``result = yield from allgather_exchange(...)``.
 
     ``world_size`` is accepted for symmetry with :func:`two_phase_allreduce` and unused
@@ -74,7 +74,7 @@ def allgather_exchange(codec: Codec, x: torch.Tensor, *, group=None, world_size=
 
 
 def two_phase_allreduce(codec: Codec, x: torch.Tensor, *, rank: int, group=None, world_size=None,
-                        key: str = DEFAULT_KEY, average: bool = False, server_codec: Codec = None):
+                        key: str = DEFAULT_KEY, average: bool = False, server_codec: Codec = None) -> O.Program:
     """Compressed reduce-scatter (all-to-all) then compressed all-gather.
 
     ``rank`` is this program's global rank; ``group`` (``None``: all ``world_size``

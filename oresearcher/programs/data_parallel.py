@@ -17,10 +17,16 @@ carry only the learner, the codec (``ddp``) and DiLoCo's outer optimizer (regist
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ..codecs.collectives import two_phase_allreduce
 from ..divergence import Guard, guard_average, guard_buckets, guard_local
-from ..ops import AllReduce, Compute, StepDone, Wait
+from ..ops import AllReduce, Compute, Program, StepDone, Wait
 from ..cooperation.outer import OuterNesterov
+
+if TYPE_CHECKING:
+    from . import AgentContext
+    from .learner import Learner
 
 
 def _backward_shares(learner, buckets):
@@ -80,7 +86,7 @@ def _share(ctx, learner, buckets, overlap: bool):
     return reduced
 
 
-def ddp(ctx, learner):
+def ddp(ctx: AgentContext, learner: Learner) -> Program:
     """Synchronous data parallel: every step, average gradients across the group."""
     overlap = ctx.scenario.communication.overlap
     guard = Guard.for_context(ctx)
@@ -147,17 +153,17 @@ def _periodic(ctx, learner, outer):
         yield StepDone(step, metrics)
 
 
-def local_sgd(ctx, learner):
+def local_sgd(ctx: AgentContext, learner: Learner) -> Program:
     """Average parameters every ``training.local_steps`` steps."""
     yield from _periodic(ctx, learner, None)
 
 
-def diloco(ctx, learner):
+def diloco(ctx: AgentContext, learner: Learner) -> Program:
     """Local SGD with an outer Nesterov step (lr 0.7, momentum 0.9) at each average."""
     yield from _periodic(ctx, learner, OuterNesterov())
 
 
-def single(ctx, learner):
+def single(ctx: AgentContext, learner: Learner) -> Program:
     """One agent alone: local steps, no communication (the equal-compute baseline).
     Policy skip: a diverged step is dropped and the agent goes on from its last good
     state (saved every ``training.local_steps`` steps)."""

@@ -8,6 +8,9 @@ they hand to collectives.
 
 Two kinds:
 
+The interface is :class:`Learner` (a Protocol: any object with these members is one;
+tasks may add more, e.g. ``evaluate_params`` for fusion):
+
 - :class:`TorchLearner` wraps a real ``nn.Module`` (numeric simulation and real runs).
 - :class:`ShapeLearner` has only sizes and FLOP counts (shape mode): its buckets are
   meta tensors, so a 70B model costs nothing to simulate.
@@ -18,12 +21,40 @@ parameters in reverse registration order, a 1 MiB first bucket, then buckets of
 """
 from __future__ import annotations
 
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterator, Protocol, Sequence, runtime_checkable
 
 import torch
 from torch import nn
 
 from ..workloads import DTYPES, bucket_sizes  # noqa: F401 (DTYPES: importable from here too)
+
+
+@runtime_checkable
+class Learner(Protocol):
+    """What every program may ask of an agent's local half (shape or numeric)."""
+
+    numel: int  # parameters
+    fwd_flops: float  # FLOPs of one forward pass on one batch (what the simulator charges)
+    bwd_flops: float  # of one backward pass (recomputation included)
+
+    def forward_backward(self) -> dict:
+        """Forward and backward on the next batch; metrics such as ``{"loss": ...}``."""
+
+    def grad_buckets(self) -> list[torch.Tensor]:
+        """The gradients as flat buckets, DDP's order (meta tensors in shape mode)."""
+
+    def apply_grads(self, buckets: list[torch.Tensor]) -> None:
+        """Replace the gradients by ``buckets`` (what the exchange returned)."""
+
+    def optimizer_step(self) -> None: ...
+
+    def flat_params(self) -> torch.Tensor:
+        """All parameters as one flat vector (a copy)."""
+
+    def set_flat_params(self, flat: torch.Tensor) -> None: ...
+
+    def evaluate(self) -> dict:
+        """Held-out metrics (empty in shape mode)."""
 
 
 class ShapeLearner:

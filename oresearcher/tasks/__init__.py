@@ -9,6 +9,10 @@ else.
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..programs.learner import Learner
 
 TASKS = {
     "synthetic-lm": "oresearcher.tasks.synthetic_lm",
@@ -18,7 +22,7 @@ TASKS = {
 }
 
 
-def make_learner(scenario, rank: int, *, mode: str, device="cpu"):
+def make_learner(scenario, rank: int, *, mode: str, device="cpu") -> Learner:
     task = scenario.workload.task
     return importlib.import_module(TASKS[task]).make_learner(scenario, rank, mode=mode, device=device)
 

@@ -94,3 +94,42 @@ def test_mistakes_are_named(world1, bad, match):
 
     with pytest.raises((ValueError, TypeError), match=match):
         it.run(prog())
+
+
+# ---- one program mistake, one error type: the same bad program fed to every interpreter ----
+def _bad(make):
+    def prog():
+        yield make()
+    return prog
+
+
+BAD_PROGRAMS = {  # op -> words every interpreter's ProgramError holds
+    "not an op": (lambda: "not an op", "which is not an op"),
+    "group it is not in": (lambda: O.AllReduce(torch.ones(1), group=(0, 1)), "bad group (0, 1) for world size 1"),
+    "foreign handle": (lambda: O.Wait(O.Handle(O.Barrier(), token="foreign")),
+                       "Wait on 'foreign', which is not a handle"),
+    "all-to-all count": (lambda: O.AllToAll([torch.ones(1), torch.ones(1)]), "AllToAll: 2 tensors for a group of 1"),
+    "reduce op": (lambda: O.AllReduce(torch.ones(1), op="prod"), "AllReduce op must be one of"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_PROGRAMS, ids=list(BAD_PROGRAMS))
+def test_the_same_mistake_is_the_same_error_in_every_interpreter(world1, case):
+    from oresearcher.sim.engine import Engine
+    from oresearcher.sim.hardware import DeviceProfile, FabricProfile
+    from oresearcher.sim.topology import build_topology
+    from oresearcher.testing import run_programs
+
+    make, words = BAD_PROGRAMS[case]
+    fab = FabricProfile(name="f", topology="switch", bandwidth_GBps=1.0, efficiency=1.0, base_latency_us=1.0,
+                        hop_latency_us=1.0, call_overhead_us=1.0)
+    dev = DeviceProfile(name="d", peak_flops={"fp32": 1e9}, efficiency=1.0, memory_bytes=1e9, host_overhead_us=0.0)
+    runs = {
+        "real": lambda: _interp()[0].run(_bad(make)()),
+        "sim": lambda: Engine(build_topology(1, 1, fab, None, 1), dev, "fp32").run([_bad(make)()]),
+        "reference": lambda: run_programs([_bad(make)()]),
+    }
+    for name, run in runs.items():
+        with pytest.raises(O.ProgramError) as e:
+            run()
+        assert words in str(e.value), (name, str(e.value))

@@ -1,0 +1,49 @@
+"""The Learner protocol and the Program alias: what every task's learner offers the
+programs, checked on each task's learner; the programs are ProgramFns."""
+import inspect
+
+import pytest
+import torch
+
+from oresearcher import ops as O
+from oresearcher.programs import _PROGRAMS, get_program
+from oresearcher.programs.learner import Learner, ShapeLearner
+from oresearcher.scenario import load_scenario
+from oresearcher.tasks import TASKS, make_learner
+
+SCENARIO = {"synthetic-lm": "cpu-tiny", "digits": "digits-4", "cartpole": "cartpole-4", "finance": "finance"}
+
+
+@pytest.mark.parametrize("task", sorted(TASKS))
+def test_every_task_makes_a_learner(task):
+    sc = load_scenario(f"scenarios/{SCENARIO[task]}.yaml")
+    assert sc.workload.task == task
+    learner = make_learner(sc, 0, mode="numeric")
+    assert isinstance(learner, Learner)
+    assert learner.numel > 0 and learner.fwd_flops >= 0 and learner.bwd_flops >= 0
+
+
+def test_a_shape_learner_is_one_and_an_object_missing_a_member_is_not():
+    assert isinstance(ShapeLearner([3, 4], 1.0, 2.0), Learner)
+
+    class NoStep:
+        numel, fwd_flops, bwd_flops = 1, 1.0, 1.0
+        forward_backward = grad_buckets = apply_grads = flat_params = set_flat_params = evaluate = None
+    assert not isinstance(NoStep(), Learner)  # optimizer_step missing
+
+
+@pytest.mark.parametrize("strategy", sorted(_PROGRAMS))
+def test_every_strategy_is_a_program_function(strategy):
+    fn = get_program(strategy)
+    assert list(inspect.signature(fn).parameters)[:2] == ["ctx", "learner"]
+
+
+def test_a_program_is_a_generator_of_ops():
+    learner = ShapeLearner([8], 1.0, 2.0)
+
+    def prog() -> O.Program:
+        grads = yield O.Compute(learner.grad_buckets)
+        return (yield O.AllReduce(grads[0]))
+    gen = prog()
+    assert isinstance(next(gen), O.Op)
+    assert isinstance(gen.send([torch.empty(8, device="meta")]), O.AllReduce)
