@@ -6,7 +6,8 @@ file), applies ``--set path.to.field=value`` overrides and validates it; unknown
 errors. Every error is a :class:`~oresearcher.errors.UserError` whose one line names the
 file, the field path and the bad value (at most ~200 characters of it). Every number has
 a finite range (:mod:`oresearcher.scenario_types`), ``true``/``false`` are not numbers,
-``name`` is a slug. Sections: here, :mod:`oresearcher.cooperation.spec`,
+``name`` is a slug. Sections: here, :mod:`oresearcher.scenario_cluster` (device and
+fabric names checked against the profiles), :mod:`oresearcher.cooperation.spec`,
 :mod:`oresearcher.fault_spec`, :mod:`oresearcher.tasks.finance_spec`. Units: sizes
 carry theirs in the field name (``bucket_size_MB``, MB = 10^6 bytes); everything inside
 the code is seconds, bytes, bytes/s and FLOP/s.
@@ -23,35 +24,11 @@ from . import yamlsafe
 from .cooperation.spec import CooperationSpec, DistillSpec
 from .errors import UserError, short
 from .fault_spec import FaultsSpec
+from .scenario_cluster import ClusterSpec, check_profiles
 from .tasks.finance_spec import FinanceSpec
 from .scenario_types import (  # noqa: F401 (MB, SLUG, strategy_alias_error: part of this module's API)
-    ALGORITHMS, MAX_BATCH, MAX_SEED, MAX_SEQ, MAX_STEPS, MAX_WORLD, MB, SLUG, STRATEGIES, Float, Int, Name, Strict,
-    strategy_alias_error)
-
-
-class ClusterSpec(Strict):
-    nodes: Int = Field(1, ge=1, le=4096, description="number of nodes")
-    gpus_per_node: Int = Field(8, ge=1, le=64, description="accelerators (or CPU ranks) per node")
-    device: Name = Field("A100-SXM4-80GB", description="device profile name (sim/profiles)")
-    intra_node: Name = Field("nvswitch-a100", description="fabric profile inside a node")
-    inter_node: Optional[Name] = Field(None, description="fabric profile between nodes (NICs + switch)")
-    nics_per_node: Int = Field(1, ge=1, le=64, description="network cards per node on inter_node")
-    profile_files: list[Annotated[str, Field(min_length=1, max_length=4096)]] = Field(
-        default_factory=list, max_length=16,
-        description="extra profile YAML files (e.g. from `oresearcher.calibrate`), relative to the scenario",
-    )
-
-    @property
-    def world_size(self) -> int:
-        return self.nodes * self.gpus_per_node
-
-    @model_validator(mode="after")
-    def _multi_node_needs_fabric(self):
-        if self.world_size > MAX_WORLD:
-            raise ValueError(f"nodes x gpus_per_node = {self.world_size} is more than {MAX_WORLD} ranks")
-        if self.nodes > 1 and not self.inter_node:
-            raise ValueError("a cluster with more than one node needs cluster.inter_node")
-        return self
+    ALGORITHMS, MAX_BATCH, MAX_SEED, MAX_SEQ, MAX_STEPS, MAX_WORLD, MB, SLUG, STRATEGIES, CodecField, Float, Int, Name,
+    Strict, strategy_alias_error)
 
 
 class WorkloadSpec(Strict):
@@ -126,21 +103,14 @@ class CommunicationSpec(Strict):
     interval: Int = Field(100, ge=1, le=MAX_STEPS, description="steps between fusion rounds (communication_interval)")
     gradient_sharing: bool = Field(True, description="share gradients among agents of one architecture")
     share_every: Int = Field(1, ge=1, le=MAX_STEPS, description="share gradients every k steps")
-    codec: str = Field("none", max_length=200, description="codec spec for shared gradients, e.g. int8, ef(topk:0.01)")
+    codec: CodecField = Field("none", validate_default=True, description="codec spec for shared gradients, e.g. "
+                              "int8, ef(topk:0.01) (oresearcher.codecs.spec: parsed once, here)")
     bucket_size_MB: Float = Field(25.0, gt=0, le=1e5, description="gradient bucket size, MB (10^6 bytes)")
     overlap: bool = Field(True, description="overlap bucketed communication with backward compute")
     algorithm: Literal[ALGORITHMS] = Field("auto", description="collective algorithm; auto picks the fastest")
     budget: Optional[Float] = Field(None, gt=0, lt=1, description="oresearcher strategy: keep exposed communication "
                                     "under this fraction of step time (oresearcher.cooperation.budget; e.g. 0.083); "
                                     "absent: share every share_every steps with the fixed codec")
-
-    @field_validator("codec")
-    @classmethod
-    def _codec_spec(cls, spec):
-        from .codecs import build  # the codec library is the one authority on spec strings
-
-        build(spec)  # ValueError names the bad part
-        return spec
 
     @property
     def bucket_bytes(self) -> int:
@@ -379,9 +349,11 @@ def load_raw(path: str | Path, overrides: list[str] = ()) -> dict:
 
 
 def load_scenario(path: str | Path, overrides: list[str] = ()) -> Scenario:
-    """Read, override and validate one scenario file; UserError on any problem."""
+    """Read, override and validate one scenario file, the cluster's device and fabric
+    names included (:func:`oresearcher.scenario_cluster.check_profiles`); UserError on any problem."""
     scenario = validate(load_raw(path, overrides), str(path))
     scenario._source = Path(path)
+    check_profiles(scenario.cluster, str(path), scenario_dir(scenario))
     return scenario
 
 

@@ -4,9 +4,9 @@ true/false, names, the strict base model, and the strategy and algorithm vocabul
 from __future__ import annotations
 
 import re
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, PlainValidator
 
 MB = 10**6
 MAX_WORLD = 16384  # ranks (nodes x gpus_per_node, agents): the largest clusters trained on today
@@ -27,6 +27,20 @@ def _not_bool(v):
 Int = Annotated[int, BeforeValidator(_not_bool)]
 Float = Annotated[float, BeforeValidator(_not_bool)]
 Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME)]
+
+
+def _codec_spec(v):
+    from .codecs.spec import parse  # the codec library is the one authority on spec strings (imports torch)
+
+    if isinstance(v, str) and len(v) > 200:
+        raise ValueError("a codec spec is at most 200 characters")
+    return parse(v)  # ValueError names the bad part
+
+
+if TYPE_CHECKING:
+    from .codecs.spec import CodecSpec as CodecField
+else:  # parsed once, here: a CodecSpec inside, its text in dumps (reports, saved scenarios)
+    CodecField = Annotated[Any, PlainValidator(_codec_spec), PlainSerializer(str, return_type=str)]
 
 STRATEGIES = ("oresearcher", "ddp", "local_sgd", "diloco", "single", "fsdp")
 # asked for by name, answered by another strategy: (strategy, why)

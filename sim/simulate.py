@@ -58,13 +58,9 @@ def memory_report(scenario: Scenario, device) -> dict | None:
     cost = measure_lm(w.model, micro_batch(scenario), w.seq_len, w.dtype, w.activation_checkpointing)
     if scenario.training.strategy == "fsdp":
         return fsdp_memory_report(scenario, cost, device)
-    codec = scenario.communication.codec
-    codec_bytes = 0
-    if codec != "none":
-        from oresearcher.codecs import build as build_codec
-
-        # one encoded copy of the gradients plus the gathered/decoded buffer
-        codec_bytes = 2 * build_codec(codec).wire_bytes(cost.params)
+    codec = scenario.communication.codec.make()  # None: no compression, no codec buffers
+    # one encoded copy of the gradients plus the gathered/decoded buffer
+    codec_bytes = 0 if codec is None else 2 * codec.wire_bytes(cost.params)
     est = estimate_memory(cost, micro_batch=micro_batch(scenario), dtype=w.dtype, optimizer=w.optimizer,
                           checkpointing=w.activation_checkpointing, codec_buffer_bytes=codec_bytes,
                           device_memory_bytes=int(device.memory_bytes))
@@ -112,7 +108,8 @@ def compute_pricing(scenario: Scenario, device):
     return RooflinePricing(price, optimizer_share=share)
 
 
-def simulate(scenario: Scenario, *, mode: str | None = None, on_step=None, keep_spans: int = 200_000):
+def simulate(scenario: Scenario, *, mode: str | None = None, on_step=None,
+             keep_spans: int = 200_000) -> tuple[dict, Timeline]:
     """Run ``scenario`` in the simulator; returns (report dict, Timeline)."""
     mode = mode or resolve_mode(scenario)
     device, topo = build_cluster(scenario)

@@ -96,6 +96,17 @@ MALFORMED = {
     "100 profile files": (base(cluster="{profile_files: [" + ", ".join(["p.yaml"] * 100) + "]}"),
                           "cluster.profile_files"),
     "temperature nan": (BASE + "cooperation: {fusion: {temperature: .nan}}\n", "temperature"),
+    "codec ratio 1e-300": (base(communication="{codec: 'topk:1e-300'}"), "'1e-300' is out of range [1e-06, 1]"),
+    "codec chunk 2**30": (base(communication="{codec: 'int8:chunk=1073741824'}"), "out of range [1, 16777216]"),
+    # a typo in a profile name fails at load, in both CLIs, listing the valid names
+    "device typo": (BASE.replace("cpu-local", "cpu-locl"),
+                    "cluster.device: unknown device profile 'cpu-locl' "
+                    "(known: A100-SXM4-80GB, H100-SXM, H200, cpu-local)"),
+    "device model typo": (BASE.replace("cpu-local", "cpu-local:rooflin"), "must be flat or roofline"),
+    "fabric typo": (BASE.replace("loopback", "loopbak"),
+                    "cluster.intra_node: unknown fabric profile 'loopbak' (known: "),
+    "inter-node typo": (BASE.replace("nodes: 1, gpus_per_node: 4", "nodes: 2, gpus_per_node: 2, inter_node: hdr"),
+                        "cluster.inter_node: unknown fabric profile 'hdr' (known: hdr-ib, loopback, ndr-ib,"),
 }
 
 

@@ -23,6 +23,7 @@ import torch
 
 from . import budget as B
 from ..ops import AllGather
+from ..seeds import derive
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +64,7 @@ class BudgetRun:
     def __init__(self, ctx, unit_costs):
         sc = ctx.scenario
         self.ctx, self.dtype = ctx, sc.workload.dtype
-        self.rungs = B.ladder(sc.communication.codec, self.dtype, sc.communication.interval)
+        self.rungs = B.ladder(sc.communication.codec.text, self.dtype, sc.communication.interval)
         self.state = ctx.register("budget", B.BudgetState(float(sc.communication.budget)))
         self.timer = RoundTimer(getattr(ctx, "clock", None))
         self.unit_costs = unit_costs  # () -> cost-model units per agent (a SAM step = 2)
@@ -89,7 +90,7 @@ class BudgetRun:
 
             sc = self.ctx.scenario
             self._codecs[spec] = self.ctx.register(f"budget_codec {spec}", build(
-                spec, seed=sc.seed * 1009 + self.ctx.rank, shared_seed=sc.seed))
+                spec, seed=derive(sc.seed, self.ctx.rank), shared_seed=sc.seed))
         return self._codecs[spec]
 
     def plan(self, steps_now, members) -> None:

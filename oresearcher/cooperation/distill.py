@@ -52,6 +52,7 @@ from ..errors import UserError
 from ..ops import AllReduce, Compute, StepDone, tap
 from ..programs.cooperative import cooperative
 from ..workloads import measure_module
+from ..seeds import STREAM, derive
 
 
 def kd_loss(student: torch.Tensor, teacher: torch.Tensor, labels: torch.Tensor, temperature: float,
@@ -68,7 +69,7 @@ def build_student(task: str, arch: str, seed: int) -> torch.nn.Module:
     from ..tasks import TASKS
 
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed * 1_000_003 + 4_242)
+        torch.manual_seed(derive(seed, 4_242, prime=STREAM))
         return importlib.import_module(TASKS[task]).build_model(arch)
 
 
@@ -241,7 +242,7 @@ def distill(ctx, learner, first_step: int, count: dict):
         pool = (*pool[:2], (yield from _teacher(ctx, learner, ens, pool[0])), pool[2], min(k, batch - 1))
     module = build_student(sc.workload.task, d.student, sc.seed).to(X.device, X.dtype)
     student = Student(module, X, y, teacher, batch=batch, lr=d.lr, temperature=d.temperature, alpha=d.alpha,
-                      seed=sc.seed * 1009 + rank, pool=pool)
+                      seed=derive(sc.seed, rank), pool=pool)
     for s in range(d.steps):
         metrics = yield Compute(student.forward_backward, flops=student.step_flops, name="distill_fwd_bwd")
         grad = yield Compute(student.flat_grad, name="pack")
@@ -305,7 +306,7 @@ def train_alone(learner, scenario, steps: int, batch: int) -> float:
     X, y = learner.task_data("train")
     module = build_student(scenario.workload.task, d.student, scenario.seed).to(X.device, X.dtype)
     opt = torch.optim.AdamW(module.parameters(), lr=d.lr)
-    g = torch.Generator().manual_seed(scenario.seed * 1009 + 77)
+    g = torch.Generator().manual_seed(derive(scenario.seed, 77))
     module.train()
     for _ in range(steps):
         idx = torch.randint(len(X), (batch,), generator=g)

@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from .fusion import HeterogeneousEnsemble
 from ..ops import Broadcast, Compute
 from .rewards import tv_novelty
+from ..seeds import SMALL, derive
 
 EPS = 1e-12
 DROP = 0.5
@@ -97,7 +98,7 @@ class EnsembleState:
         model, best_epoch = copy.deepcopy(start), 0
         with torch.no_grad():
             best, best_loss = copy.deepcopy(model.state_dict()), held(model)
-        g = torch.Generator().manual_seed(self.seed * 7_919 + self.fits)
+        g = torch.Generator().manual_seed(derive(self.seed, self.fits, prime=SMALL))
         _break_symmetry(model, self.width, g)
         opt = torch.optim.AdamW(model.parameters(), lr=self.lr, weight_decay=1e-4)
         healthy = torch.nonzero(keep).reshape(-1)

@@ -44,6 +44,8 @@ from typing import Callable
 import torch
 from torch.func import functional_call, grad_and_value, vmap
 
+from ..seeds import LARGE, SMALL, derive
+
 ACCOUNTANTS = ("rdp", "prv")
 # elementwise work on the [B, D] per-sample gradients: square, add (norms), multiply
 # (clip scale), add (sum over B); the charge follows the codecs' convention
@@ -211,7 +213,8 @@ def from_scenario(scenario, rank: int, batch: int, dataset_size: int) -> Privacy
     q = min(1.0, batch / dataset_size)
     sigma = p.noise_multiplier if p.target_epsilon is None else noise_multiplier(
         p.target_epsilon, p.delta, q, scenario.training.steps, p.accountant)
-    state = PrivacyState(p.clip_norm, sigma, q, p.delta, p.accountant, seed=(scenario.seed * 7_919 + rank) * 104_729 + 3)
+    state = PrivacyState(p.clip_norm, sigma, q, p.delta, p.accountant,
+                         seed=derive(scenario.seed, rank, 3, prime=(SMALL, LARGE)))
     state.batch = int(batch)
     return state
 

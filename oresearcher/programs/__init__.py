@@ -1,7 +1,9 @@
 """Agent programs and the context they run in.
 
-A program is ``program(ctx, learner) -> generator of ops``; the same generator runs in
-the simulator and on torch.distributed. :func:`get_program` maps the scenario's
+A program is ``program(ctx, learner) -> generator of ops`` (:data:`ProgramFn`, taking a
+:class:`~oresearcher.programs.learner.Learner` and returning an
+:data:`oresearcher.ops.Program`); the same generator runs in the simulator and on
+torch.distributed. :func:`get_program` maps the scenario's
 ``training.strategy`` to one. The cooperative O-Researcher program lives in
 :mod:`oresearcher.programs.cooperative`.
 
@@ -24,11 +26,17 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import torch
 
+from ..ops import Program
 from ..scenario import Scenario
+from .learner import Learner
+from ..seeds import derive
+
+if TYPE_CHECKING:
+    from ..codecs import Codec
 
 _PROGRAMS = {
     "ddp": ("oresearcher.programs.data_parallel", "ddp"),
@@ -74,21 +82,17 @@ class AgentContext:
         self.boundary = int(step)
 
     @property
-    def codec(self):
+    def codec(self) -> Optional[Codec]:
         """This agent's gradient codec from ``communication.codec`` (None for "none").
 
         Built once per agent: error-feedback residuals live in it and are checkpointed
         with the agent. ``seed`` differs per agent (stochastic rounding); ``shared_seed``
         is common to all (rand-k indices need not travel).
         """
-        spec = self.scenario.communication.codec
-        if spec == "none":
-            return None
-        if self._codec is None:
-            from ..codecs import build
-
-            self._codec = self.register("codec", build(spec, seed=self.scenario.seed * 1009 + self.rank,
-                                                       shared_seed=self.scenario.seed))
+        spec = self.scenario.communication.codec  # a CodecSpec, parsed with the scenario
+        if self._codec is None and not spec.is_none:
+            self._codec = self.register("codec", spec.make(seed=derive(self.scenario.seed, self.rank),
+                                                           shared_seed=self.scenario.seed))
         return self._codec
 
     @property
@@ -110,7 +114,10 @@ class AgentContext:
         return self.numeric and (last or (every > 0 and (step + 1) % every == 0))
 
 
-def get_program(strategy: str) -> Callable:
+ProgramFn = Callable[["AgentContext", Learner], Program]
+
+
+def get_program(strategy: str) -> ProgramFn:
     if strategy not in _PROGRAMS:
         raise ValueError(f"unknown strategy {strategy!r}; known: {', '.join(_PROGRAMS)}")
     module, name = _PROGRAMS[strategy]

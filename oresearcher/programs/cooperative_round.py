@@ -12,6 +12,7 @@ from ..cooperation import ensemble as E
 from ..cooperation import roles as R
 from ..cooperation.fusion import HeterogeneousEnsemble
 from ..cooperation.rewards import reward, tv_novelty
+from ..seeds import RANK, SMALL, STREAM, derive
 from ..ops import AllGather, Compute
 
 
@@ -76,12 +77,12 @@ def step_cost(role: str, method: str) -> int:
 
 def initial_lr_mult(seed: int, n: int, jitter: float) -> list[float]:
     """Per-agent lr multipliers exp(U(-j, j)) (heterogeneous hyperparameters), seeded."""
-    g = torch.Generator().manual_seed(seed * 7919 + 17)
+    g = torch.Generator().manual_seed(derive(seed, 17, prime=SMALL))
     return [float(math.exp(jitter * (2 * float(torch.rand((), generator=g)) - 1))) for _ in range(n)]
 
 
 def _gen(seed: int, rnd: int, agent: int) -> torch.Generator:
-    return torch.Generator().manual_seed(((seed * 1_000_003 + rnd) * 1009 + agent) % (2**63))
+    return torch.Generator().manual_seed(derive(seed, rnd, agent, prime=(STREAM, RANK)))
 
 
 def gather_params(ctx, learner, pad_to: int):

@@ -26,7 +26,6 @@ greedy return over 5 fixed-seed episodes (max 500). Validators score on 3 other 
 """
 from __future__ import annotations
 
-import zlib
 
 import gymnasium as gym
 import torch
@@ -38,6 +37,7 @@ from . import agent_model
 from ..programs.learner import TorchLearner
 from ..cooperation.rewards import centre_band_safety, count_novelty
 from ..workloads import measure_module
+from ..seeds import derive, name_salt
 
 MODELS = ("mlp", "mlp-small")
 MAX_RETURN = 500.0
@@ -186,7 +186,7 @@ class CartPoleLearner(TorchLearner):
 
     def __init__(self, arch: str, seed: int, rank: int, batch: int, env_steps: int, total_steps: int,
                  lr: float, optimizer: str, bucket_bytes: int):
-        torch.manual_seed(seed * 1009 + zlib.crc32(arch.encode()) % 1000)
+        torch.manual_seed(derive(seed, name_salt(arch)))
         module = build_qnet(arch)
         self.target = build_qnet(arch)
         self.arch, self.exploration_scale, self.reward_weights = arch, 1.0, None
@@ -196,7 +196,7 @@ class CartPoleLearner(TorchLearner):
         s = torch.zeros(batch, 4)
         fwd, bwd, _ = measure_module(module, (s,), lambda q: q.sum())
         self.act_flops = float(measure_module(module, (s[:1],), lambda q: q.sum())[0])
-        stream = DQNStream(self, seed * 1000 + rank, env_steps, batch, total_steps)
+        stream = DQNStream(self, derive(seed, rank, prime=1000), env_steps, batch, total_steps)
         # a step: env_steps acting forwards, the online and the target forward on the batch
         super().__init__(module, opt, stream, self._td_loss, fwd_flops=2 * fwd + env_steps * self.act_flops,
                          bwd_flops=bwd, bucket_bytes=bucket_bytes)

@@ -43,7 +43,6 @@ Usage: ``make_learner(scenario, rank, mode="numeric")``.
 from __future__ import annotations
 
 import functools
-import zlib
 
 import torch
 import torch.nn.functional as F
@@ -55,6 +54,7 @@ from . import agent_model
 from ..programs.learner import DTYPES, TorchLearner
 from ..cooperation.rewards import overconfident_error_safety, shaped_loss
 from ..workloads import measure_module
+from ..seeds import SMALL, derive, name_salt
 
 N_CLASSES = 10
 
@@ -187,7 +187,7 @@ def _loss(module, batch):
 
 
 def _seed(scenario_seed: int, arch: str) -> int:
-    return scenario_seed * 1009 + zlib.crc32(arch.encode()) % 1000
+    return derive(scenario_seed, name_salt(arch))
 
 
 class DigitsLearner(TorchLearner):
@@ -210,7 +210,7 @@ class DigitsLearner(TorchLearner):
         fwd, bwd, _ = measure_module(module, (X[:batch].to(dtype),), lambda out: F.cross_entropy(out, y[:batch]))
         module.to(self.device)
         super().__init__(module, opt, ShuffledBatches(X.to(self.device, dtype), y.to(self.device), batch,
-                                               seed * 1000 + rank), self._shaped_loss,
+                                               derive(seed, rank, prime=1000)), self._shaped_loss,
                          fwd_flops=fwd, bwd_flops=bwd, bucket_bytes=bucket_bytes)
         self.arch, self.dtype_, self._scratch = arch, dtype, {}
         self.train_size = len(X)  # the private data of oresearcher.cooperation.privacy's sample rate
@@ -306,7 +306,7 @@ class DigitsLearner(TorchLearner):
         from ..cooperation.replay_sharing import HardExamples
 
         self.shared_replay = shared
-        self.batches = HardExamples(self.batches, shared, self.hard_fraction, seed=shared.rank * 7_919 + 11)
+        self.batches = HardExamples(self.batches, shared, self.hard_fraction, seed=derive(shared.rank, 11, prime=SMALL))
         if getattr(self, "_hard_state", None):  # a resumed run: the stream's own generator too
             self.batches.g.set_state(self._hard_state["generator"])
 

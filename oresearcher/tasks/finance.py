@@ -33,7 +33,6 @@ the counter misses the LSTM and attention kernels).
 from __future__ import annotations
 
 import copy
-import zlib
 
 import torch
 import torch.nn.functional as F
@@ -47,6 +46,7 @@ from . import finance_compliance as C
 from .digits import ShuffledBatches, expected_calibration_error
 from .finance_data import DATASETS
 from .finance_models import TabularTransformer, VolatilityLSTM
+from ..seeds import derive, name_salt
 
 DATA_OF = {"credit-transformer": "credit", "loan-transformer": "loan", "vol-lstm": "sp500"}
 MODELS = tuple(DATA_OF)
@@ -129,7 +129,7 @@ def vol_metrics(module: nn.Module, split: str = "test") -> dict:
 
 
 def _seed(scenario_seed: int, arch: str) -> int:
-    return scenario_seed * 1009 + zlib.crc32(arch.encode()) % 1000
+    return derive(scenario_seed, name_salt(arch))
 
 
 class FinanceLearner(TorchLearner):
@@ -149,7 +149,8 @@ class FinanceLearner(TorchLearner):
         fwd, bwd = meta_flops(module, X[:batch], lambda o: o.float().square().mean())
         self.device = torch.device(device)
         module.to(self.device)
-        super().__init__(module, opt, ShuffledBatches(X.to(self.device), y.to(self.device), batch, seed * 1000 + rank),
+        batches = ShuffledBatches(X.to(self.device), y.to(self.device), batch, derive(seed, rank, prime=1000))
+        super().__init__(module, opt, batches,
                          lambda m, b: task_loss(arch, m(b[0]), b[1]), fwd_flops=fwd, bwd_flops=bwd,
                          bucket_bytes=bucket_bytes)
         self.arch, self.dtype_, self.rules, self._scratch = arch, dtype, tuple(rules), {}

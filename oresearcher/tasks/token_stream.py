@@ -24,6 +24,8 @@ import threading
 
 import torch
 
+from ..seeds import STREAM, derive
+
 NOISE = 0.1  # probability that the next token is a uniform draw rather than perm[token]
 
 
@@ -82,7 +84,7 @@ class TokenStream:
                  device="cpu"):
         self.vocab, self.batch, self.seq_len, self.noise, self.device = vocab, batch, seq_len, noise, device
         self.perm = torch.randperm(vocab, generator=torch.Generator().manual_seed(seed))
-        self.gen = torch.Generator().manual_seed(seed * 1_000_003 + rank + 1)
+        self.gen = torch.Generator().manual_seed(derive(seed, rank + 1, prime=STREAM))
         self.tables = power_tables(self.perm, seq_len)
 
     def __iter__(self):

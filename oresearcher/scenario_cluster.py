@@ -1,0 +1,68 @@
+"""The ``cluster`` section of a scenario, and its device and fabric names checked against
+the hardware profiles at load time.
+
+Profiles are the YAML documents of ``sim/profiles/`` plus the scenario's
+``cluster.profile_files`` (for instance what ``python -m oresearcher.calibrate`` wrote),
+looked up as the simulator looks them up (:func:`oresearcher.sim.hardware.lookup`; a
+device name may end in ``:roofline`` or ``:flat``). :func:`check_profiles` runs in
+:func:`oresearcher.scenario.load_scenario`, so a misspelt ``cluster.device`` or fabric
+fails in ``python -m oresearcher.sim`` and ``python -m oresearcher.run`` alike, before
+anything runs, with one line listing the valid names. (The hardware module is pydantic
+and YAML only: no SimPy is imported here.)
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+from pydantic import Field, model_validator
+
+from .scenario_types import MAX_WORLD, Int, Name, Strict
+
+
+class ClusterSpec(Strict):
+    nodes: Int = Field(1, ge=1, le=4096, description="number of nodes")
+    gpus_per_node: Int = Field(8, ge=1, le=64, description="accelerators (or CPU ranks) per node")
+    device: Name = Field("A100-SXM4-80GB", description="device profile name (sim/profiles or "
+                         "profile_files; NAME:roofline or NAME:flat picks the compute model)")
+    intra_node: Name = Field("nvswitch-a100", description="fabric profile inside a node")
+    inter_node: Optional[Name] = Field(None, description="fabric profile between nodes (NICs + switch)")
+    nics_per_node: Int = Field(1, ge=1, le=64, description="network cards per node on inter_node")
+    profile_files: list[Annotated[str, Field(min_length=1, max_length=4096)]] = Field(
+        default_factory=list, max_length=16,
+        description="extra profile YAML files (e.g. from `oresearcher.calibrate`), relative to the scenario",
+    )
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    @model_validator(mode="after")
+    def _multi_node_needs_fabric(self):
+        if self.world_size > MAX_WORLD:
+            raise ValueError(f"nodes x gpus_per_node = {self.world_size} is more than {MAX_WORLD} ranks")
+        if self.nodes > 1 and not self.inter_node:
+            raise ValueError("a cluster with more than one node needs cluster.inter_node")
+        return self
+
+
+def check_profiles(cluster: ClusterSpec, source: str, base_dir: Path) -> None:
+    """UserError naming the field and the known names when ``cluster.device``,
+    ``intra_node`` or ``inter_node`` is no profile (or a device's ``:model`` suffix is
+    wrong). A listed profile file that is not there is left to the simulator, which
+    reports it, and a name it could hold is not judged: the saved copy of a run
+    (``runs/.../scenario.yaml``) keeps the relative paths of the scenario it came from."""
+    from .sim.hardware import builtin_profiles, load_profile_file, lookup
+
+    cat, missing = dict(builtin_profiles()), False
+    for f in cluster.profile_files:
+        path = Path(f) if Path(f).is_absolute() else base_dir / f
+        if path.is_file():
+            cat.update({(p.kind, p.name): p for p in load_profile_file(path)})
+        else:
+            missing = True
+    for kind, field in (("device", "device"), ("fabric", "intra_node"), ("fabric", "inter_node")):
+        name = getattr(cluster, field)
+        if name is None or (missing and (kind, name.partition(":")[0] if kind == "device" else name) not in cat):
+            continue
+        lookup(cat, kind, name, f"{source}: cluster.{field}")  # raises the one line
