@@ -35,6 +35,7 @@ import torch
 import torch.distributed as dist
 
 from oresearcher import ops as O
+from oresearcher.calibration.record import Measurement
 from oresearcher.reporting.report import Timeline
 
 from .interpreter import Interpreter
@@ -217,8 +218,8 @@ def measure_host_overhead(rank: int, world: int, device, ops: int = 2000) -> flo
 
 
 def calibrate_rank(scenario, denv, *, backend: str, timeout_s: float, sizes, repeats: int,
-                   compute_steps: int, learner_spec=None, threads: int = 1):
-    """Take every measurement on this rank; rank 0 returns the merged figures, others None."""
+                   compute_steps: int, learner_spec=None, threads: int = 1) -> Measurement | None:
+    """Take every measurement on this rank; rank 0 returns the merged record, others None."""
     from .worker import build_learner, init_process_group
 
     torch.set_num_threads(max(1, threads))
@@ -240,21 +241,21 @@ def calibrate_rank(scenario, denv, *, backend: str, timeout_s: float, sizes, rep
         dist.destroy_process_group()
     if rank != 0:
         return None
-    return {
-        "world_size": world,
-        "backend": backend,
-        "collectives": merge_ranks([m["rows"] for m in every]),
-        "call_overhead_s": statistics.median(m["call_s"] for m in every),
-        "compute_step_s": max(m["compute"]["step_s"] for m in every),  # the group's pace
-        "compute_step_s_per_rank": [m["compute"]["step_s"] for m in every],
-        "compute_step_s_mean": statistics.fmean(m["compute"]["step_s"] for m in every),
-        "compute_cv_per_rank": [m["compute"]["cv"] for m in every],
-        "step_seconds_per_rank": [m["compute"]["step_seconds"] for m in every],
-        "op_flops": every[0]["compute"]["op_flops"],
-        "inrun_collectives": merge_inrun([m["compute"]["comms"] for m in every], world),
-        "flops_per_step": every[0]["compute"]["flops_per_step"],
-        "compute_ops_per_step": every[0]["compute"]["ops_per_step"],
-        "strategy": scenario.training.strategy,
-        "host_overhead_s": statistics.median(m["host_s"] for m in every),
-        "dtype": scenario.workload.dtype,
-    }
+    return Measurement(
+        world_size=world,
+        backend=backend,
+        collectives=merge_ranks([m["rows"] for m in every]),
+        call_overhead_s=statistics.median(m["call_s"] for m in every),
+        compute_step_s=max(m["compute"]["step_s"] for m in every),  # the group's pace
+        compute_step_s_per_rank=[m["compute"]["step_s"] for m in every],
+        compute_step_s_mean=statistics.fmean(m["compute"]["step_s"] for m in every),
+        compute_cv_per_rank=[m["compute"]["cv"] for m in every],
+        step_seconds_per_rank=[m["compute"]["step_seconds"] for m in every],
+        op_flops=every[0]["compute"]["op_flops"],
+        inrun_collectives=merge_inrun([m["compute"]["comms"] for m in every], world),
+        flops_per_step=every[0]["compute"]["flops_per_step"],
+        compute_ops_per_step=every[0]["compute"]["ops_per_step"],
+        strategy=scenario.training.strategy,
+        host_overhead_s=statistics.median(m["host_s"] for m in every),
+        dtype=scenario.workload.dtype,
+    )

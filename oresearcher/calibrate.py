@@ -71,6 +71,7 @@ from .calibration.jitter import (  # noqa: F401
     op_jitter_cv, own_slowness, persistence_rho, pooled_cv, sync_period, variance_ratio)
 from .calibration.profiles import (  # noqa: F401
     compute_rate, device_doc, fabric_doc, jitter_fit, profile_text, roofline_doc)
+from .calibration.record import Measurement  # noqa: F401 (re-exported)
 from .errors import UserError
 from .scenario import load_raw, load_scenario
 from .scenario_files import find_scenario
@@ -142,18 +143,19 @@ def _scenario(args):
     return load_scenario(args.scenario, overrides)
 
 
-def write_profile(path: Path, m: dict, device_name: str, fabric_name: str, jitter: bool = True,
+def write_profile(path: Path, m: Measurement, device_name: str, fabric_name: str, jitter: bool = True,
                   in_run: bool = True) -> FabricFit:
     """Fit and write the profile. ``jitter``: measure compute_jitter_cv (and take the mean
     rank's rate); ``in_run``: scale the sweep's fit to the program's own collectives."""
-    n = m["world_size"]
-    fit = fit_fabric(m["collectives"], n, m["call_overhead_s"])
-    inrun = m.get("inrun_collectives", []) if in_run else []
-    m = dict(m, inrun_factor=inrun_factor(inrun, n, fit) if inrun else 1.0)
-    fit = scaled(fit, m["inrun_factor"])
+    m = Measurement.of(m)
+    n = m.world_size
+    fit = fit_fabric(m.collectives, n, m.call_overhead_s)
+    inrun = m.inrun_collectives if in_run else []
+    m = m.with_(inrun_factor=inrun_factor(inrun, n, fit) if inrun else 1.0)
+    fit = scaled(fit, m.inrun_factor)
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / n
-    errors = fit_errors(m["collectives"] + inrun, n, fit)
-    fabric = fabric_doc(fabric_name, fit, m.get("backend", "gloo"))
+    errors = fit_errors(m.collectives + inrun, n, fit)
+    fabric = fabric_doc(fabric_name, fit, m.backend or "gloo")
     text = profile_text(device_doc(device_name, m, memory, jitter), fabric, m, errors)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
@@ -206,8 +208,7 @@ def main(argv=None) -> int:
                        learner_spec=args.learner,
                        threads=int(os.environ.get("OMP_NUM_THREADS", "1") or 1))
     if m is not None:
-        m["sync_period"] = sync_period(scenario)
-        m["roofline"] = roofline_rates(scenario, args.backend)
+        m = m.with_(sync_period=sync_period(scenario), roofline=roofline_rates(scenario, args.backend))
         out = Path(args.out or Path("runs") / scenario.name / "profile.yaml")
         fit = write_profile(out, m, args.device_name, args.fabric_name, args.jitter, args.in_run)
         log.info("wrote %s: %.3g GFLOP/s per rank; %.2f GB/s, base %.0f us, hop %.0f us, call %.0f us",

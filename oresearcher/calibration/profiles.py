@@ -11,9 +11,10 @@ import yaml
 from ..errors import UserError
 from .fabric_fit import GB, US, FabricFit
 from .jitter import op_jitter_cv, own_slowness, persistence_rho, pooled_cv
+from .record import Measurement
 
 
-def compute_rate(m: dict, jitter: bool = False) -> float:
+def compute_rate(m: Measurement, jitter: bool = False) -> float:
     """FLOP/s at which the simulator reproduces the measured compute of the program.
 
     The simulator charges each Compute op ``flops / rate + host overhead``; the measured
@@ -22,28 +23,31 @@ def compute_rate(m: dict, jitter: bool = False) -> float:
     (``compute_step_s``); with jitter the simulator draws the imbalance itself, so the
     rate is the mean over ranks (``compute_step_s_mean``) and the pace emerges.
     """
-    if m["flops_per_step"] <= 0:
-        raise UserError(f"the {m.get('strategy', '?')} program's Compute ops declare no FLOPs; nothing to calibrate")
-    host = m.get("compute_ops_per_step", 0.0) * m["host_overhead_s"]
-    step = m.get("compute_step_s_mean", m["compute_step_s"]) if jitter else m["compute_step_s"]
-    return m["flops_per_step"] / max(step - host, 1e-9)
+    m = Measurement.of(m)
+    if m.flops_per_step <= 0:
+        raise UserError(f"the {m.strategy} program's Compute ops declare no FLOPs; nothing to calibrate")
+    host = m.compute_ops_per_step * m.host_overhead_s
+    step = m.mean_step_s if jitter else m.compute_step_s
+    return m.flops_per_step / max(step - host, 1e-9)
 
-def jitter_fit(m: dict) -> tuple[float, float]:
+def jitter_fit(m: Measurement) -> tuple[float, float]:
     """The device profile's ``(compute_jitter_cv, compute_jitter_rho)`` from the measured
     per-step compute times, both fitted to what ranks do not share (:func:`own_slowness`).
     rho is :func:`persistence_rho` over the program's averaging period; the cv is the
     step's spread when one factor is drawn per step (rho > 0), else the per-op cv that
     gives a step that spread."""
-    own = own_slowness(m.get("step_seconds_per_rank", []))
+    m = Measurement.of(m)
+    own = own_slowness(m.step_seconds_per_rank)
     step_cv = pooled_cv(own)
-    rho = persistence_rho(own, int(m.get("sync_period", 1))) if step_cv > 0 else 0.0
+    rho = persistence_rho(own, int(m.sync_period)) if step_cv > 0 else 0.0
     if rho > 0:
         return step_cv, rho
-    return op_jitter_cv(step_cv, m.get("op_flops", []), compute_rate(m, jitter=True), m["host_overhead_s"]), 0.0
+    return op_jitter_cv(step_cv, m.op_flops, compute_rate(m, jitter=True), m.host_overhead_s), 0.0
 
-def device_doc(name: str, m: dict, memory_bytes: float, jitter: bool = False) -> dict:
+def device_doc(name: str, m: Measurement, memory_bytes: float, jitter: bool = False) -> dict:
     """The device profile: achieved FLOP/s per rank with every rank computing at once,
     and (``jitter``) the spread of a Compute op's duration."""
+    m = Measurement.of(m)
     rate = compute_rate(m, jitter)
     cv, rho = jitter_fit(m) if jitter else (0.0, 0.0)
     return {
@@ -53,10 +57,10 @@ def device_doc(name: str, m: dict, memory_bytes: float, jitter: bool = False) ->
         "peak_flops": {"fp32": rate, "bf16": rate, "fp16": rate},
         "efficiency": 1.0,  # the measured rate is already the achieved rate
         "memory_bytes": float(memory_bytes),
-        "host_overhead_us": m["host_overhead_s"] / US,
+        "host_overhead_us": m.host_overhead_s / US,
         **({"compute_jitter_cv": cv} if cv > 0 else {}),
         **({"compute_jitter_rho": rho} if rho > 0 else {}),
-        **({"streams": False} if m.get("backend") == "gloo" else {}),  # CPU ranks (sim/hardware.py)
+        **({"streams": False} if m.backend == "gloo" else {}),  # CPU ranks (sim/hardware.py)
     }
 
 def fabric_doc(name: str, fit: FabricFit, backend: str = "gloo") -> dict:
@@ -72,24 +76,26 @@ def fabric_doc(name: str, fit: FabricFit, backend: str = "gloo") -> dict:
         **({"reduce_scatter": "all_reduce"} if backend == "gloo" else {}),  # sim/hardware.py, FabricProfile
     }
 
-def profile_text(device: dict, fabric: dict, m: dict, errors: list[dict]) -> str:
+def profile_text(device: dict, fabric: dict, m: Measurement, errors: list[dict]) -> str:
+    m = Measurement.of(m)
+    steps = m.step_seconds_per_rank
     lines = [
         f"# Calibrated by `python -m oresearcher.calibrate` on {platform.node()} ({os.cpu_count()} cores),",
-        f"# {m['backend']} with {m['world_size']} ranks, {time.strftime('%Y-%m-%d %H:%M')}.",
-        f"# compute: the {m.get('strategy', '?')} program declares {m['flops_per_step']:.4g} FLOP per step in "
-        f"{m.get('compute_ops_per_step', 0):.0f} Compute ops, measured {m['compute_step_s'] * 1e3:.3f} ms on the "
-        f"slowest rank (all ranks at once, {m['dtype']}; per rank: "
-        + ", ".join(f"{1e3 * t:.3f}" for t in m.get("compute_step_s_per_rank", [])) + " ms; "
+        f"# {m.backend} with {m.world_size} ranks, {time.strftime('%Y-%m-%d %H:%M')}.",
+        f"# compute: the {m.strategy} program declares {m.flops_per_step:.4g} FLOP per step in "
+        f"{m.compute_ops_per_step:.0f} Compute ops, measured {m.compute_step_s * 1e3:.3f} ms on the "
+        f"slowest rank (all ranks at once, {m.dtype}; per rank: "
+        + ", ".join(f"{1e3 * t:.3f}" for t in m.compute_step_s_per_rank) + " ms; "
         + "step time spread (std/mean) per rank: "
-        + ", ".join(f"{c:.2f}" for c in m.get("compute_cv_per_rank", [])) + ").",
-        f"# compute jitter: per-step spread pooled over ranks {pooled_cv(m.get('step_seconds_per_rank', [])):.3f}, "
-        f"not shared with the other ranks {pooled_cv(own_slowness(m.get('step_seconds_per_rank', []))):.3f}"
+        + ", ".join(f"{c:.2f}" for c in m.compute_cv_per_rank) + ").",
+        f"# compute jitter: per-step spread pooled over ranks {pooled_cv(steps):.3f}, "
+        f"not shared with the other ranks {pooled_cv(own_slowness(steps)):.3f}"
         f" -> compute_jitter_cv {device.get('compute_jitter_cv', 0.0):.3f} per "
         + ("step" if device.get("compute_jitter_rho") else "Compute op") + "; "
-        + (f"persistence over the program's {m['sync_period']}-step averaging period -> "
+        + (f"persistence over the program's {m.sync_period}-step averaging period -> "
            f"compute_jitter_rho {device.get('compute_jitter_rho', 0.0):.3f}."
-           if m.get("sync_period", 1) > 1 else "the program synchronises every step: no persistence to fit."),
-        f"# in-run collectives: {m.get('inrun_factor', 1.0):.3f} x the idle sweep's fit (geometric mean of "
+           if m.sync_period > 1 else "the program synchronises every step: no persistence to fit."),
+        f"# in-run collectives: {m.inrun_factor:.3f} x the idle sweep's fit (geometric mean of "
         "measured / fitted over the program's own collectives, every rank busy; 1: not applied).",
         "# collective fit (ring model): kind, bytes, measured us, fitted us, error "
         "(* the workload's sizes, idle; ** in the program's own run)",
@@ -99,8 +105,8 @@ def profile_text(device: dict, fabric: dict, m: dict, errors: list[dict]) -> str
         lines.append(f"#   {kind:<10} {e['bytes']:>10} {e['time_s'] / US:>11.1f} {e['predicted_s'] / US:>11.1f} "
                      f"{e['error']:+7.1%}")
     docs = [device, fabric]
-    if m.get("roofline"):
-        docs.append(roofline_doc(device, m["roofline"]))
+    if m.roofline:
+        docs.append(roofline_doc(device, m.roofline))
         lines.append(f"# roofline ({device['name']}-roofline, sim/roofline.py): rates measured on rank 0 after the "
                      "sweep at the workload's shapes (backends/device_rates.py)")
     body = yaml.safe_dump_all(docs, sort_keys=False, explicit_start=False)

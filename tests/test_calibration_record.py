@@ -1,0 +1,48 @@
+"""The typed measurement record passed from the backend's measurement through the fabric
+fit, the jitter statistics and the profile documents to the CLI."""
+import dataclasses
+
+import pytest
+
+from oresearcher.calibrate import write_profile
+from oresearcher.calibration.profiles import compute_rate, device_doc
+from oresearcher.calibration.record import Measurement
+
+
+def record(**kw):
+    base = dict(flops_per_step=2e9, compute_step_s=0.1, host_overhead_s=5e-6, world_size=2, backend="gloo",
+                dtype="fp32", strategy="ddp", call_overhead_s=2e-5,
+                collectives=[{"kind": "AllReduce", "bytes": b, "time_s": 1e-4 + b / 1e9} for b in (1024, 65536, 2**20)]
+                + [{"kind": "AllGather", "bytes": b, "time_s": 6e-5 + b / 2e9} for b in (1024, 65536, 2**20)])
+    return Measurement(**{**base, **kw})
+
+
+def test_a_mapping_becomes_a_record_and_a_stray_key_is_named():
+    m = Measurement.of({"flops_per_step": 1e9, "compute_step_s": 0.1, "host_overhead_s": 0.0})
+    assert isinstance(m, Measurement) and m.mean_step_s == 0.1 and m.sync_period == 1 and m.roofline is None
+    assert Measurement.of(m) is m
+    with pytest.raises(TypeError, match="not measurement fields: compute_steps"):
+        Measurement.of({"flops_per_step": 1e9, "compute_step_s": 0.1, "host_overhead_s": 0.0, "compute_steps": 3})
+
+
+def test_the_record_is_frozen_and_changes_make_a_new_one():
+    m = record()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        m.sync_period = 4
+    assert m.with_(sync_period=4).sync_period == 4 and m.sync_period == 1
+
+
+def test_a_record_and_the_same_mapping_give_the_same_profile():
+    m = record(compute_step_s_mean=0.08)
+    assert compute_rate(m, jitter=True) == compute_rate(dataclasses.asdict(m), jitter=True) == pytest.approx(2.5e10)
+    assert device_doc("d", m, 1e9) == device_doc("d", dataclasses.asdict(m), 1e9)
+
+
+def test_write_profile_takes_the_record_end_to_end(tmp_path):
+    from oresearcher.sim.hardware import load_profile_file
+
+    fit = write_profile(tmp_path / "p.yaml", record(), "cpu-cal", "gloo-cal")
+    dev, fab = load_profile_file(tmp_path / "p.yaml")
+    assert (dev.name, fab.name) == ("cpu-cal", "gloo-cal") and fab.bandwidth == pytest.approx(fit.bandwidth_Bps)
+    assert dev.flops_per_s("fp32") == pytest.approx(2e9 / 0.1)
+    assert "ddp program declares 2e+09 FLOP" in (tmp_path / "p.yaml").read_text()
