@@ -49,12 +49,14 @@ def kernels():
 
 
 def interpreted() -> bool:
-    """Whether this process runs Triton kernels in the interpreter."""
-    if kernels() is None:
+    """Whether this process runs the kernels in Triton's interpreter (decided when they
+    were decorated, whatever TRITON_INTERPRET says now)."""
+    k = kernels()
+    if k is None:
         return False
-    from triton import knobs
+    from triton.runtime.interpreter import InterpretedFunction
 
-    return bool(knobs.runtime.interpret)
+    return isinstance(k.int8_decode, InterpretedFunction)
 
 
 def applies(t: torch.Tensor, dtype: torch.dtype = torch.float32) -> bool:
