@@ -192,3 +192,22 @@ def test_cpu_and_gloo_profiles_say_what_fsdp2_and_gloo_do():
     assert device_doc("d", m, 1e9)["streams"] is False and fabric_doc("f", fit, "gloo")["reduce_scatter"] == "all_reduce"
     assert "streams" not in device_doc("d", dict(m, backend="nccl"), 1e9)
     assert "reduce_scatter" not in fabric_doc("f", fit, "nccl")
+
+
+def test_cpu_fsdp_scenario_exposes_all_its_communication():
+    # cpu-fsdp runs on cpu-local (no streams) over loopback (gloo): nothing overlaps, and
+    # each of the 5 reduce-scatters per step moves an all-reduce's bytes
+    from oresearcher.scenario import load_scenario
+    from oresearcher.sim.simulate import simulate
+
+    report, _ = simulate(load_scenario("scenarios/cpu-fsdp.yaml", ["training.steps=2"]))
+    assert report["exposed_comm_time_s"] == pytest.approx(report["comm_time_s"], rel=1e-9)
+    gpu, _ = simulate(load_scenario("scenarios/cpu-fsdp.yaml", ["training.steps=2", "cluster.device=A100-SXM4-80GB"]))
+    assert gpu["exposed_comm_time_s"] < 0.9 * gpu["comm_time_s"]  # with streams the gathers overlap
+    from oresearcher.sharding import scenario_plan
+
+    sc = load_scenario("scenarios/cpu-fsdp.yaml")
+    units = [4 * u.padded_numel(4) for u in scenario_plan(sc).units]  # fp32 bytes, 4 ranks
+    wire = {b["name"]: b["wire_bytes"] / (4 * 2) for b in report["breakdown"]}  # per rank and step
+    assert wire["fsdp_reduce_scatter"] == pytest.approx(2 * 3 / 4 * sum(units))  # ring all-reduce of each unit
+    assert wire["fsdp_all_gather"] == pytest.approx(3 / 4 * (sum(units) + sum(units[1:-1])))  # + 3 re-gathers
