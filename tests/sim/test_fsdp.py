@@ -76,6 +76,8 @@ def test_without_streams_collectives_and_compute_take_turns():
     assert tl.wire[0] == pytest.approx(5 * 4 * BLOCK / 2)  # the same collectives as with streams
     z2 = run(two_blocks(), world=2, group_size=2, reshard=False, steps=1, streams=False)
     assert z2.step_ends[0][0] == pytest.approx(62.056e-3 - 408e-6, rel=1e-9)  # no re-gather
+    hsdp = run(two_blocks(), world=4, group_size=2, reshard=True, steps=1, streams=False)
+    assert hsdp.wire[0] == pytest.approx(5 * 40e6 + 2 * 40e6)  # as with streams (test_hsdp_groups_and_bytes)
 
 
 def test_gloo_reduce_scatter_is_an_all_reduce():
