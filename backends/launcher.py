@@ -235,6 +235,8 @@ def _terminate(procs, grace_s: float = 5.0) -> None:
     for p in procs:
         if p.poll() is None:
             p.terminate()
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p.pid, signal.SIGCONT)  # a frozen (stopped) rank takes its SIGTERM now, not after the grace
     end = time.monotonic() + grace_s
     for p in procs:
         try:

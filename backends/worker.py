@@ -195,7 +195,8 @@ def run_rank(scenario, opts: RunOptions, denv: DistEnv, resume_step: Optional[in
     stopper = _Stopper(min(opts.timeout_s, 5.0), opts.out_dir,
                        lambda msg: _safe_user_error(store, denv.prefix) == msg)
     log.debug("process group ready (%s, %d ranks)", opts.backend, world)
-    monitor = Monitor(store, rank, world, timeout_s=opts.timeout_s, interval_s=opts.heartbeat_s,
+    beat = min(opts.heartbeat_s, opts.timeout_s / 5)  # a few beats per timeout: a short --timeout is no false loss
+    monitor = Monitor(store, rank, world, timeout_s=opts.timeout_s, interval_s=beat,
                       prefix=denv.prefix, on_lost=stopper, store_owner=denv.store_owner).start()
     try:
         return _train(scenario, opts, rank, world, device, store, denv.prefix, monitor, resume_step)
@@ -324,8 +325,26 @@ def _train(scenario, opts: RunOptions, rank, world, device, store, prefix, monit
     if rank == 0:
         more = _distilled(learner, scenario, opts)
         _write_report(merged, scenario, opts, start, wall, device, more)
-    dist.barrier()  # nobody tears down while rank 0 is still writing
+        store.set(prefix + REPORT_WRITTEN, "1")
+    elif not wait_for_report(store, prefix, monitor):
+        return EXIT_PEER_LOST
+    dist.barrier()  # short now (everyone is past the report): nobody tears down before the others
     return 0
+
+
+REPORT_WRITTEN = "report_written"
+
+
+def wait_for_report(store, prefix: str, monitor, poll_s: float = 0.05) -> bool:
+    """Ranks other than 0 wait while rank 0 writes the report. Not a barrier: writing
+    a long run's report and figures may take longer than the process group's timeout
+    (a short ``--timeout``), which must not turn a finished run into a lost rank; the
+    monitor's heartbeats still catch a rank 0 that dies meanwhile."""
+    while not store.check([prefix + REPORT_WRITTEN]):
+        if monitor.lost is not None:
+            return False
+        time.sleep(poll_s)
+    return True
 
 
 def gather_timeline(tl: Timeline, rank: int, world: int) -> Optional[Timeline]:

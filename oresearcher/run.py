@@ -63,8 +63,8 @@ def _seconds(text: str) -> float:
         v = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text[:40]!r} is not a number of seconds") from None
-    if not (0 < v <= 7 * 86400):
-        raise argparse.ArgumentTypeError(f"{text[:40]!r}: expected seconds in (0, 604800]")
+    if not (1 <= v <= 7 * 86400):  # below a second a busy host's heartbeats read as lost ranks
+        raise argparse.ArgumentTypeError(f"{text[:40]!r}: expected seconds in [1, 604800]")
     return v
 
 

@@ -40,3 +40,13 @@ def child_environment() -> dict:
     env["PYTHONPATH"] = os.pathsep.join([str(HERE), str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env["OMP_NUM_THREADS"] = "1"
     return env
+
+
+def child_with_rank(parent: int, rank: int) -> int:
+    """The pid of the launcher ``parent``'s child rank process ``rank`` (through /proc)."""
+    for task in Path(f"/proc/{parent}/task").iterdir():
+        for pid in (task / "children").read_text().split():
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            if f"RANK={rank}".encode() in env:
+                return int(pid)
+    raise AssertionError(f"no child of {parent} has RANK={rank}")

@@ -112,3 +112,52 @@ def test_two_runs_into_one_directory_at_once_one_refuses(tmp_path, child_env):
     lines = second.stderr.strip().splitlines()
     assert len(lines) == 1 and f"in use by a running run (pid {first.pid})" in lines[0], lines
     assert ckpt.newest_complete(out, 2) is not None  # --overwrite did not touch the live run
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="finds child ranks through /proc")
+def test_a_frozen_rank_is_named_within_the_timeout_and_the_run_resumes(tmp_path, child_env):
+    """SIGSTOP of rank 1 (a hung GPU, a swapped-out host): it neither dies nor answers.
+    Rank 0's monitor names it once its heartbeat is --timeout old, and the run stops with
+    one line that says where to resume from; the resume finishes."""
+    from bk_helpers import child_with_rank
+
+    sc = write_scenario(tmp_path / "s.yaml", training={"steps": 5000, "checkpoint_every": 3})
+    out = tmp_path / "run"
+    proc = subprocess.Popen([*RUN[:-2], "--timeout", "5", "--scenario", str(sc), "--learner", SLOW, "--out", str(out),
+                             "--log-level", "WARNING"], cwd=REPO, env=dict(child_env, TINY_SLEEP_S="0.02"),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    frozen = None
+    try:
+        _wait_for_checkpoint(out, proc)
+        frozen = child_with_rank(proc.pid, 1)
+        os.kill(frozen, signal.SIGSTOP)
+        _, err = proc.communicate(timeout=60)  # a hang check: the timeout is 5 s
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if frozen is not None:
+            try:
+                os.kill(frozen, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    lines = err.strip().splitlines()
+    assert proc.returncode == 1 and "Traceback" not in err, err[-3000:]
+    step = ckpt.newest_complete(out, 2)
+    assert lines[-1].startswith("error: rank 1 lost: no heartbeat for ") and lines[-1].endswith(
+        f"the other ranks stopped (last complete checkpoint: step {step}; resume with --resume {out})"), lines
+    assert not (out / rundir.LOCK).exists() and not (out / "report.json").exists()
+
+    p = run(["--resume", str(out), "--learner", TINY, "--steps", str(step + 3), "--log-level", "WARNING"], child_env)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert json.loads((out / "report.json").read_text())["start_step"] == step + 1
+
+
+def test_a_report_slower_than_the_timeout_is_no_lost_rank(tmp_path, child_env):
+    """Rank 0 writes the report (figures included) for longer than --timeout while rank 1
+    waits: the run finishes (exit 0), it does not end in a process-group timeout."""
+    sc = write_scenario(tmp_path / "s.yaml", training={"steps": 4, "checkpoint_every": 0})
+    out = tmp_path / "run"
+    p = run(["--scenario", str(sc), "--learner", "bk_tiny:make_slow_report_learner", "--out", str(out),
+             "--timeout", "2", "--log-level", "WARNING"], dict(child_env, REPORT_SLEEP_S="5"))
+    assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr[-3000:]
+    assert json.loads((out / "report.json").read_text())["steps"] == 4
