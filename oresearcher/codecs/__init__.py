@@ -9,7 +9,8 @@
 Spec strings, seeds and options: :mod:`.spec`. Interface, payloads, keys, shape mode
 and packing: :mod:`.base`. Codecs and their bounds: :mod:`.quant` (none, fp16, bf16,
 int8), :mod:`.sparse` (top-k, rand-k), :mod:`.feedback` (ef, ef21). Collectives:
-:mod:`.collectives`.
+:mod:`.collectives`. Fast paths, each giving the eager path's bits: :mod:`.native` (int8 on
+CPU, C) and :mod:`.fused` (Triton kernels for CUDA tensors).
 """
 from .base import DEFAULT_KEY, Codec, Field, Payload, compute_dtype, pack, unpack
 from .collectives import allgather_exchange, collective_wire_bytes_per_rank, two_phase_allreduce, wide_sum
