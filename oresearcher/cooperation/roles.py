@@ -282,3 +282,31 @@ def flag_agents(val_loss: Optional[torch.Tensor], train_loss: torch.Tensor, fact
             med = finite.median()
             bad |= torch.isfinite(val_loss) & (val_loss > factor * med) & (val_loss > med + 1e-6)
     return bad
+
+
+# ---- PBT exploit: the winner's optimizer state travels with its weights ---------------
+
+def optimizer_state_flat(learner) -> torch.Tensor:
+    """The learner's optimizer state (every tensor of every parameter's state, step
+    counts included) as one float64 vector, in parameter order and key order."""
+    opt, parts = learner.optimizer, []
+    for p in learner.params:
+        st = opt.state.get(p, {})
+        parts += [st[key].detach().reshape(-1).to(torch.float64) for key in sorted(st) if torch.is_tensor(st[key])]
+    return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float64)
+
+
+def load_optimizer_state_flat(learner, flat: torch.Tensor) -> None:
+    """Inverse of :func:`optimizer_state_flat` on a learner of the same architecture and
+    optimizer: the exploited agent continues with the winner's moments, not its own."""
+    opt, offset = learner.optimizer, 0
+    with torch.no_grad():
+        for p in learner.params:
+            st = opt.state.get(p, {})
+            for key in sorted(st):
+                if torch.is_tensor(st[key]):
+                    n = st[key].numel()
+                    st[key].copy_(flat[offset:offset + n].reshape(st[key].shape).to(st[key].dtype))
+                    offset += n
+    if offset != flat.numel():
+        raise ValueError(f"optimizer state of {flat.numel()} values does not fit this learner's ({offset})")

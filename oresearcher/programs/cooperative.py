@@ -62,15 +62,14 @@ from ..cooperation import roles as R
 from ..cooperation.allocation import AllocationState
 from ..cooperation.budget_round import BudgetRun
 from ..cooperation.fusion import fuse, group_weights
-from ..ops import AllReduce, Compute, StepDone
+from ..ops import Compute, StepDone
 from ..cooperation.outer import OuterNesterov
 from ..cooperation.replay import PrioritizedReplay
 from ..cooperation.rewards import scheduled_weights
 from .cooperative_hosted import hosted_program
-from .data_parallel import reduce_buckets
 from .cooperative_round import (  # noqa: F401 (GroupState, LoopState, ... importable from here too)
-    GroupState, LoopState, _gen, arch_group, arch_ids, gather_params, initial_lr_mult, round_lengths, round_rewards,
-    step_cost, validate)
+    GroupState, LoopState, _exploit_optimizer_state, _finite_buckets, _gen, _healthy_average, arch_group, arch_ids,
+    gather_params, initial_lr_mult, round_lengths, round_rewards, step_cost, validate)
 
 log = logging.getLogger(__name__)
 
@@ -114,44 +113,6 @@ def train_step(ctx, learner, role, cfg, share_group, share, codec, privacy=None,
     else:
         yield Compute(learner.optimizer_step, name="optimizer")
     return dict(metrics or {})
-
-
-def _finite_buckets(learner) -> list:
-    """The gradient buckets, zeroed if any value is non-finite: a diverged agent must not
-    poison the others through gradient sharing (fusion excludes it at the round's end).
-    The last bucket carries one more element, 1 if this agent's gradient is healthy, so
-    the average divides by the healthy agents, not all of them (:func:`_healthy_average`)."""
-    buckets = learner.grad_buckets()
-    healthy = 1.0
-    if buckets and buckets[0].device.type != "meta" and not all(bool(torch.isfinite(b).all()) for b in buckets):
-        log.warning("non-finite gradients: this agent shares zeros until the fusion round")
-        buckets, healthy = [torch.zeros_like(b) for b in buckets], 0.0
-    if buckets:
-        last = buckets[-1]
-        buckets[-1] = torch.cat([last.reshape(-1), torch.full((1,), healthy, dtype=last.dtype, device=last.device)])
-    return buckets
-
-
-def _healthy_average(ctx, buckets, group, codec):
-    """Average gradients over the healthy members of ``group`` only: sum / healthy count,
-    the count being the sum of the members' flags (the last bucket's extra element).
-    With a codec the flags travel in their own exact all-reduce (a compressed element
-    would not count exactly)."""
-    if not buckets:
-        return []
-    if codec is None:
-        reduced = yield from reduce_buckets(ctx, buckets, group, None, name="grad_share")
-        frac = reduced[-1][-1:]  # mean of the flags: healthy / members
-        reduced[-1] = reduced[-1][:-1]
-    else:
-        flags = buckets[-1][-1:].clone()
-        buckets = buckets[:-1] + [buckets[-1][:-1]]
-        reduced = yield from reduce_buckets(ctx, buckets, group, codec, name="grad_share")
-        frac = yield AllReduce(flags, group=group, op="avg", name="healthy_count")
-    if frac.device.type == "meta":
-        return reduced
-    f = float(frac.reshape(-1)[0])
-    return [b / f for b in reduced] if f > 0 else reduced
 
 
 # ---- the program ------------------------------------------------------------------------
@@ -323,6 +284,7 @@ def _round_end(ctx, learner, st, alloc, outer, swa, ids, pad_to, losses, progres
                       temperature=cfg.fusion.temperature, similarity_weight=cfg.fusion.similarity_weight,
                       flops=float(2 * len(members) ** 2 * numel), name="fusion_weights")
     info = _decide(ctx, st, pub, rel, rew, ids)
+    pairs = info.pop("_pairs")
     source = members.index(info.pop("_source"))
     new = yield Compute(fuse, group_flat, W[source], flops=2.0 * len(members) * numel, name="fusion")
     if outer is not None:
@@ -331,13 +293,18 @@ def _round_end(ctx, learner, st, alloc, outer, swa, ids, pad_to, losses, progres
         new = yield Compute(R.param_noise, new, cfg.roles.explorer_noise, _gen(sc.seed, st.round, rank),
                             flops=2.0 * numel, name="explore_noise")
     yield Compute(learner.set_flat_params, new, name="unpack")
+    yield from _exploit_optimizer_state(ctx, learner, pairs)
     if outer is not None:
         outer.set_anchor(new)
     if "ensemble" in ctx.state:  # the outputs' attention ensemble, refitted on the agents of this round
         info.update((yield from E.fit_round(ctx.state["ensemble"], learner, flats, ids, pub.excluded, rank,
                                             E.fitter_rank(st.roles))))
     costs = [step_cost(r, cfg.roles.optimizer_method) for r in st.roles]
-    steps, shares = alloc.plan(st.rewards[-1], units, costs) if units else ([1] * n, torch.full((n,), 1.0 / n))
+    # shares from rewards under one weighting (the scheduled weights change every round)
+    _, alloc_rew = round_rewards(pub, tuple(sc.agents.reward_weights))
+    steps, shares = alloc.plan(alloc_rew.tolist(), units, costs) if units else ([1] * n, torch.full((n,), 1.0 / n))
+    for loser, _ in pairs:  # its next improvement is the winner's weights, not its own
+        alloc.last_reward[loser] = float("nan")
     info.update(reward=float(rew[rank]), reliability=float(rel[rank]), excluded=float(pub.excluded[rank]),
                 fusion_self_weight=float(W[me, me]), share=float(shares[rank]), next_steps=float(steps[rank]),
                 w_novelty=weights[1], validators=float(pub.validators))
@@ -354,7 +321,7 @@ def _decide(ctx, st, pub, rel, rew, ids) -> dict:
     the winner it copies under PBT exploit).
     """
     sc, cfg, rank, n = ctx.scenario, ctx.scenario.cooperation, ctx.rank, ctx.world_size
-    info, source = {}, rank
+    info, source, pairs = {}, rank, []
     if cfg.roles.policy == "dynamic":
         pairs = R.exploit_pairs(rew, pub.excluded, ids, cfg.roles.exploit_fraction)
         for loser, winner in pairs:
@@ -378,7 +345,7 @@ def _decide(ctx, st, pub, rel, rew, ids) -> dict:
         if st.roles[i] == "explorer":
             st.lr_mult[i] = R.pbt_perturb(st.lr_mult[i], _gen(sc.seed, st.round, n + i))
     info["next_role"] = float(R.ROLE_CODES[st.roles[rank]])
-    info["_source"] = source
+    info["_source"], info["_pairs"] = source, pairs
     return info
 
 

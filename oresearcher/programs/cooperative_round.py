@@ -3,6 +3,7 @@ group, how a round's steps are laid out, and the round-end exchange (parameters 
 validators' scores gathered, rewards). :mod:`oresearcher.programs.cooperative` drives it."""
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass, field
 
@@ -13,7 +14,10 @@ from ..cooperation import roles as R
 from ..cooperation.fusion import HeterogeneousEnsemble
 from ..cooperation.rewards import reward, tv_novelty
 from ..seeds import RANK, SMALL, STREAM, derive
-from ..ops import AllGather, Compute
+from ..ops import AllGather, AllReduce, Compute, Recv, Send
+from .data_parallel import reduce_buckets
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -144,3 +148,56 @@ def round_rewards(pub, weights) -> tuple[torch.Tensor, torch.Tensor]:
         rew = reward(rel, torch.zeros_like(rel), torch.isfinite(pub.train_loss).double(), weights)
     rew = torch.where(pub.excluded, torch.full_like(rew, float("nan")), rew)
     return rel, rew
+
+
+def _finite_buckets(learner) -> list:
+    """The gradient buckets, zeroed if any value is non-finite: a diverged agent must not
+    poison the others through gradient sharing (fusion excludes it at the round's end).
+    The last bucket carries one more element, 1 if this agent's gradient is healthy, so
+    the average divides by the healthy agents, not all of them (:func:`_healthy_average`)."""
+    buckets = learner.grad_buckets()
+    healthy = 1.0
+    if buckets and buckets[0].device.type != "meta" and not all(bool(torch.isfinite(b).all()) for b in buckets):
+        log.warning("non-finite gradients: this agent shares zeros until the fusion round")
+        buckets, healthy = [torch.zeros_like(b) for b in buckets], 0.0
+    if buckets:
+        last = buckets[-1]
+        buckets[-1] = torch.cat([last.reshape(-1), torch.full((1,), healthy, dtype=last.dtype, device=last.device)])
+    return buckets
+
+
+def _healthy_average(ctx, buckets, group, codec):
+    """Average gradients over the healthy members of ``group`` only: sum / healthy count,
+    the count being the sum of the members' flags (the last bucket's extra element).
+    With a codec the flags travel in their own exact all-reduce (a compressed element
+    would not count exactly)."""
+    if not buckets:
+        return []
+    if codec is None:
+        reduced = yield from reduce_buckets(ctx, buckets, group, None, name="grad_share")
+        frac = reduced[-1][-1:]  # mean of the flags: healthy / members
+        reduced[-1] = reduced[-1][:-1]
+    else:
+        flags = buckets[-1][-1:].clone()
+        buckets = buckets[:-1] + [buckets[-1][:-1]]
+        reduced = yield from reduce_buckets(ctx, buckets, group, codec, name="grad_share")
+        frac = yield AllReduce(flags, group=group, op="avg", name="healthy_count")
+    if frac.device.type == "meta":
+        return reduced
+    f = float(frac.reshape(-1)[0])
+    return [b / f for b in reduced] if f > 0 else reduced
+
+
+def _exploit_optimizer_state(ctx, learner, pairs):
+    """PBT exploit copies the winner's optimizer state too (a Send from the winner, a Recv
+    by the loser; the same pairs on every rank). Learners without a torch optimizer
+    (shape mode, foreign tasks) have none to copy."""
+    if not (hasattr(learner, "optimizer") and hasattr(learner, "params")):
+        return
+    for loser, winner in pairs:
+        if ctx.rank == winner:
+            yield Send((yield Compute(R.optimizer_state_flat, learner, name="pack")), dst=loser, name="exploit_state")
+        elif ctx.rank == loser:
+            mine = yield Compute(R.optimizer_state_flat, learner, name="pack")
+            theirs = yield Recv(mine, src=winner, name="exploit_state")
+            yield Compute(R.load_optimizer_state_flat, learner, theirs, name="unpack")
