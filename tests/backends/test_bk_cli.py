@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from bk_helpers import REPO, write_scenario
+from bk_helpers import child_with_rank as _child_with_rank
 from oresearcher.backends import checkpoint as ckpt
 from oresearcher.reporting.report import REPORT_KEYS
 
@@ -24,15 +25,6 @@ TINY = "bk_tiny:make_learner"
 
 def run(args, env, timeout=120):
     return subprocess.run([*RUN, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
-
-
-def _child_with_rank(parent: int, rank: int) -> int:
-    for task in Path(f"/proc/{parent}/task").iterdir():
-        for pid in (task / "children").read_text().split():
-            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-            if f"RANK={rank}".encode() in env:
-                return int(pid)
-    raise AssertionError(f"no child of {parent} has RANK={rank}")
 
 
 def _wait_for_checkpoint(out: Path, proc, ranks=(0, 1), deadline_s=60.0) -> int:
