@@ -1,33 +1,33 @@
-"""Does cooperation beat one agent at equal compute? An honest, small benchmark.
+"""Does cooperation beat one agent at equal compute? A fair, small benchmark.
 
-    python benchmarks/bench_cooperation.py                  # simulator, digits + cartpole, 3 seeds
-    python benchmarks/bench_cooperation.py --gloo           # ... and the main methods on gloo too
+    python benchmarks/bench_cooperation.py                 # full: 4 tasks, 5 seeds, lr x0.1/x1/x10
+    python benchmarks/bench_cooperation.py --quick         # CI-sized smoke (2 seeds, a few steps)
     python benchmarks/bench_cooperation.py --tasks digits --seeds 5 --json out.json
 
-Every method gets the same total compute: the same steps per agent and the same
-samples per step for the whole group (``workload.global_batch`` is split over the
-agents; the single agent takes it all, and in cartpole the group collects as many
-environment steps per step as the single agent), the same seeds and the same base model.
+Methods, all in the simulator's numeric mode (the same math as the real backends):
+``single`` (one agent, the whole global batch), ``ddp`` (synchronous data parallel),
+``diloco`` (periodic averaging + outer Nesterov), ``pbt`` (population-based training
+alone: exploit/explore every round, no roles, no fusion; benchmarks/coop_harness.py) and
+``oresearcher`` (the task's cooperative scenario; on digits with the distillation phase).
 
-Methods: ``single`` (one agent), ``ddp`` (synchronous data parallel), ``diloco``
-(periodic averaging + outer Nesterov, lr 0.7 momentum 0.9, H = the fusion interval),
-``oresearcher`` (the scenario's cooperative program), ``oresearcher+nesterov`` (attention
-fusion + the same outer step as diloco: the comparison the design asks for), and three
-ablations that switch off one part each: roles (``plain``: no specialisation), fusion
-attention (plain average), the reward schedule (constant weights).
+Equal compute: every Compute FLOP a program issues is counted (coop_harness): for the
+cooperative program that includes the peers' forward passes of the shaped loss, the
+validators' evaluations, the ensemble fits and the distillation. The cooperative runs
+at lr x1 go first; each baseline's steps are then set so that its counted FLOPs match
+their mean (from a two-round calibration run), and the table prints every method's
+counted compute beside the cooperative program's.
 
-Numbers (mean ± std over seeds):
+The same two statistics for every method, on held-out test data:
+- "agents": the mean over the agents of each final agent's test metric;
+- "model": the test metric of the one model the method deploys: the student for
+  oresearcher where it distils (digits), else the plain average of its final agents (the
+  fused model); the average of the agents for ddp/diloco/pbt; the model for single.
+Time-to-target is read from the "agents" statistic at every round (simulated seconds on
+an 8xA100 clock); "model" is only known at the end, where the table gives it.
 
-- final: the test metric of the group's model at the end (accuracy; CartPole greedy
-  return over 5 fixed seeds). For O-Researcher, the agent the validators score best on
-  held-out data (chosen without seeing the test set); for the others, the mean over ranks.
-- time-to-target: simulated seconds on 8xA100 (cluster profile overridden; the math is
-  the same, only the clock changes) until that model first reaches the target, checked
-  at every fusion round / every H steps; "(k/n)" says how many seeds reached it.
-- MB: megabytes (10^6) all ranks sent on the network, as the simulator's collective
-  algorithms move them (gloo: as its interpreter counts them).
-
-Whatever the result, it is printed as measured.
+Every cell: mean [95% CI, t-distribution] and the median over seeds (held out from the
+seeds 0-2 the scenarios were tuned on). The verdict compares oresearcher with the best
+baseline of each cell by the paired difference over seeds. Printed as measured.
 """
 from __future__ import annotations
 
@@ -35,137 +35,262 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import coop_harness as H  # noqa: E402
+from oresearcher.divergence import AllExcluded, Diverged  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-SCENARIOS = {"digits": ROOT / "scenarios" / "digits-4.yaml", "cartpole": ROOT / "scenarios" / "cartpole-4.yaml"}
-TARGETS = {"digits": 0.93, "cartpole": 150.0}
 A100 = ["cluster.device=A100-SXM4-80GB", "cluster.intra_node=nvswitch-a100", "cluster.gpus_per_node=8"]
 METHODS = {
     "single": ["training.strategy=single", "agents.count=1", "agents.roles=null"],
     "ddp": ["training.strategy=ddp"],
     "diloco": ["training.strategy=diloco"],
-    "oresearcher": [],
-    "oresearcher+nesterov": ["cooperation.fusion.outer=nesterov"],
-    "ablate:roles": ["cooperation.roles.policy=plain"],
-    "ablate:attention": ["cooperation.fusion.method=average"],
-    "ablate:schedule": ["cooperation.rewards.schedule=constant"],
+    "pbt": ["training.strategy=local_sgd"],  # the program is coop_harness.pbt
+    "oresearcher": ["training.strategy=oresearcher"],
 }
-GLOO_METHODS = ("single", "ddp", "diloco", "oresearcher")
+# the cooperative settings of digits-4.yaml, for the scenarios that do not set them
+COOP = ["cooperation.roles={policy: dynamic, optimizer_method: swa}",
+        "cooperation.fusion={method: attention, temperature: 0.1, similarity_weight: 0.5}",
+        "cooperation.rewards={schedule: cosine}",
+        "cooperation.allocation={enabled: true, temperature: 0.1, floor: 0.5}"]
+# per task: scenario, target of the "agents" statistic, extra settings,
+# sizes {full|quick: (steps, communication.interval = H, distill.steps or 0)}
+TASKS = {
+    "digits": ("digits-4.yaml", 0.93, ["distill.student=mlp"],
+               {"full": (30, 10, 15), "quick": (12, 6, 6)}),
+    "cartpole": ("cartpole-4.yaml", 30.0, [], {"full": (150, 50, 0), "quick": (30, 15, 0)}),
+    "synthetic-lm": ("cpu-tiny.yaml", 0.5, [
+        "simulation.mode=numeric", "workload.seq_len=16", "training.lr=0.003",
+        "agents.roles={explorer: 1, optimizer: 2, validator: 1}", *COOP], {"full": (12, 4, 0), "quick": (8, 4, 0)}),
+    "finance": ("finance.yaml", 0.7, [
+        "agents.architectures=[]", "workload.model=credit-transformer", "agents.count=4",
+        "workload.global_batch=128", "agents.roles={explorer: 1, optimizer: 2, validator: 1}"],
+        {"full": (24, 8, 0), "quick": (12, 6, 0)}),
+}
+LR_MULTS = (0.1, 1.0, 10.0)
 
 
-def curve(report: dict, cooperative: bool) -> list[tuple[float, float]]:
-    """[(time, metric of the group's model)] at each evaluation point."""
-    per_rank = [report["metrics"][r] for r in sorted(report["metrics"], key=int)]
-    evals = [[m for m in recs if "metric" in m] for recs in per_rank]
-    points = []
-    for k in range(min(len(e) for e in evals)):
-        row = [e[k] for e in evals]
-        t = max(m["time_s"] for m in row)
-        if cooperative:
-            key = "final_reliability" if "final_reliability" in row[0] else "reliability"
-            best = max(range(len(row)), key=lambda i: (row[i].get(key, float("-inf")), -i))
-            points.append((t, row[best]["metric"]))
-        else:
-            points.append((t, statistics.mean(m["metric"] for m in row)))
-    return points
-
-
-def wire_mb(report: dict) -> float:
-    return sum(b.get("wire_bytes", 0) for b in report.get("breakdown", [])) / 1e6
-
-
-def run_sim(task: str, method: str, seed: int) -> dict:
+def scenario(task: str, method: str, seed: int, lr_mult: float, size: str, steps: int | None = None):
     from oresearcher.scenario import load_scenario
 
-    from oresearcher.sim.simulate import simulate
+    file, _, extra, sizes = TASKS[task]
+    n, interval, distill = sizes[size]
+    sets = [*A100, *extra, f"seed={seed}", f"communication.interval={interval}",
+            f"training.local_steps={interval}", f"training.eval_every={interval}"]
+    if distill:
+        sets.append(f"distill.steps={distill}")
+    base = load_scenario(ROOT / "scenarios" / file, sets)
+    sets += [f"training.steps={steps or n}", f"training.lr={base.training.lr * lr_mult:g}",
+             f"distill.lr={base.distill.lr * lr_mult:g}", *METHODS[method]]
+    if method != "oresearcher":
+        sets.append("distill.student=null")
+    return load_scenario(ROOT / "scenarios" / file, sets)
 
-    sc = load_scenario(SCENARIOS[task], A100 + METHODS[method] + [f"seed={seed}"])
-    sc = load_scenario(SCENARIOS[task], A100 + METHODS[method] + [f"seed={seed}",
-                                                                  f"training.eval_every={sc.communication.interval}"])
+
+def agents_curve(report: dict) -> list[tuple[float, float]]:
+    """[(simulated time, mean over agents of the test metric)] at each evaluation."""
+    per_rank = [report["metrics"][r] for r in sorted(report["metrics"], key=int)]
+    evals = [[m for m in recs if "metric" in m] for recs in per_rank]
+    return [(max(e[k]["time_s"] for e in evals), statistics.mean(e[k]["metric"] for e in evals))
+            for k in range(min(len(e) for e in evals))]
+
+
+def run_one(task: str, method: str, seed: int, lr_mult: float, size: str, steps: int | None = None) -> dict:
+    sc = scenario(task, method, seed, lr_mult, size, steps)
     t0 = time.perf_counter()
-    report, _ = simulate(sc)
-    pts = curve(report, sc.training.strategy == "oresearcher")
-    hit = next((t for t, m in pts if m >= TARGETS[task]), None)
-    return {"final": pts[-1][1], "ttt": hit, "mb": wire_mb(report), "wall_s": time.perf_counter() - t0}
+    try:
+        report, learners, flops = H.simulate_counted(sc, H.pbt if method == "pbt" else None)
+    except (Diverged, AllExcluded) as e:  # a diverged run is a result too (e.g. lr x10)
+        return {"error": f"{type(e).__name__}: {str(e)[:120]}", "steps": sc.training.steps}
+    agents = statistics.mean(H.metric_of(l) for l in learners)
+    student = getattr(learners[0], "distill_result", None)
+    model = (student["metrics"]["student_test_accuracy"] if student else H.averaged_metric(learners))
+    curve = agents_curve(report)
+    hit = next((t for t, m in curve if m >= TASKS[task][1]), None)
+    return {"agents": agents, "model": float(model), "flops": flops, "ttt": hit, "curve": curve,
+            "steps": sc.training.steps, "end_s": curve[-1][0] if curve else None,
+            "wall_s": time.perf_counter() - t0}
 
 
-def run_gloo(task: str, method: str, seed: int) -> dict:
-    sets = [a for o in METHODS[method] + [f"seed={seed}"] for a in ("--set", o)]
-    with tempfile.TemporaryDirectory() as out:
-        cmd = [sys.executable, "-m", "oresearcher.run", "--backend=gloo", "--scenario", str(SCENARIOS[task]),
-               *sets, "--out", out, "--no-tensorboard", "--no-progress", "--timeout=300", "--log-level=WARNING"]
-        t0 = time.perf_counter()
-        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
-        if proc.returncode != 0:
-            return {"error": proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit {proc.returncode}"}
-        report = json.loads((Path(out) / "report.json").read_text())
-    pts = curve(report, method.startswith("oresearcher"))
-    return {"final": pts[-1][1], "ttt": None, "mb": wire_mb(report), "wall_s": time.perf_counter() - t0}
+def flops_at(steps: int, interval: int, per_step: float, per_round: float) -> float:
+    """A baseline's FLOPs: ``per_step`` each step plus ``per_round`` at every round end
+    but the last (PBT's validation; zero for single/ddp; DiLoCo's outer step)."""
+    return steps * per_step + (-(-steps // interval) - 1) * per_round
 
 
-def _ms(xs, fmt="{:.3f}"):
-    xs = [x for x in xs if x is not None]
+def equal_compute_steps(task: str, method: str, seed: int, size: str, target: float) -> int:
+    """Steps that give ``method`` ``target`` FLOPs, from runs of one and two rounds."""
+    interval = TASKS[task][3][size][1]
+    one, two = (run_one(task, method, seed, 1.0, size, steps=k * interval)["flops"] for k in (1, 2))
+    per_step, per_round = one / interval, two - 2 * one
+    return min(range(1, 100 * TASKS[task][3][size][0]),
+               key=lambda k: (abs(flops_at(k, interval, per_step, per_round) - target), k))
+
+
+def run_task(task: str, seeds: list[int], size: str, methods: list[str], log=print, lrs=LR_MULTS) -> dict:
+    """{lr_mult: {method: [run per seed]}}, baselines at the cooperative program's compute."""
+    out = {m: {} for m in lrs}
+    coop = [run_one(task, "oresearcher", s, 1.0, size) for s in seeds]
+    out[1.0]["oresearcher"] = coop
+    target = statistics.mean(r["flops"] for r in coop if "flops" in r)
+    steps = {"oresearcher": None}
+    for m in methods:
+        if m == "oresearcher":
+            continue
+        steps[m] = equal_compute_steps(task, m, seeds[0], size, target)
+        log(f"  {task}: {m} gets {steps[m]} steps for {target / 1e9:.3f} GFLOP")
+    for lr in lrs:
+        for m in methods:
+            if m not in out[lr]:
+                out[lr][m] = [run_one(task, m, s, lr, size, steps[m]) for s in seeds]
+            ok = [r for r in out[lr][m] if "error" not in r]
+            log(f"  {task} lr x{lr:g} {m}: model {_mean([r['model'] for r in ok]):.4f}, "
+                f"agents {_mean([r['agents'] for r in ok]):.4f}, {len(ok)}/{len(seeds)} ran")
+    return {"target_flops": target, "steps": steps, "runs": out}
+
+
+def _mean(xs):
+    return statistics.mean(xs) if xs else float("nan")
+
+
+def ci95(xs: list[float]) -> tuple[float, float, float]:
+    """(mean, low, high): the t-distribution's 95% interval of the mean."""
+    from scipy import stats
+
+    m = statistics.mean(xs)
+    if len(xs) < 2:
+        return m, float("nan"), float("nan")
+    h = stats.t.ppf(0.975, len(xs) - 1) * statistics.stdev(xs) / len(xs) ** 0.5
+    return m, m - h, m + h
+
+
+def cell(xs: list[float], fmt: str) -> str:
     if not xs:
         return "-"
-    sd = statistics.stdev(xs) if len(xs) > 1 else 0.0
-    return f"{fmt.format(statistics.mean(xs))} ± {fmt.format(sd)}"
+    m, lo, hi = ci95(xs)
+    return f"{fmt.format(m)} [{fmt.format(lo)}, {fmt.format(hi)}] med {fmt.format(statistics.median(xs))}"
 
 
-def table(title: str, rows: dict, task: str, clock: bool = True) -> None:
+def paired(a: list[dict], b: list[dict], key: str) -> tuple[float, float, float] | None:
+    """95% CI of the mean of a - b over the seeds both ran."""
+    d = [x[key] - y[key] for x, y in zip(a, b) if "error" not in x and "error" not in y]
+    return ci95(d) if len(d) >= 2 else None
+
+
+def verdict(rows: dict, key: str) -> tuple[str, str]:
+    """(best baseline, 'wins'/'loses'/'ties' with the paired CI) for oresearcher."""
+    base = {m: _mean([r[key] for r in runs if "error" not in r]) for m, runs in rows.items() if m != "oresearcher"}
+    if "oresearcher" not in rows or not base:
+        return "-", "-"
+    best = max(base, key=lambda m: (base[m], m))
+    p = paired(rows["oresearcher"], rows[best], key)
+    if p is None:
+        return best, "n/a"
+    m, lo, hi = p
+    word = "wins" if lo > 0 else "loses" if hi < 0 else "ties"
+    return best, f"{word} ({m:+.4f} [{lo:+.4f}, {hi:+.4f}])"
+
+
+def table(task: str, res: dict, seeds: list[int]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    t = Table(title=title)
-    for col in ("method", "final metric", f"time-to-target {TARGETS[task]:g} (simulated)", "MB sent", "wall s/run"):
-        t.add_column(col, justify="right" if col != "method" else "left")
-    for method, runs in rows.items():
-        ok = [r for r in runs if "error" not in r]
-        if not ok:
-            t.add_row(method, runs[0]["error"][:60], "", "", "")
-            continue
-        fmt = "{:.3f}" if task == "digits" else "{:.1f}"
-        hits = [r["ttt"] for r in ok if r["ttt"] is not None]
-        ttt = f"{_ms([h * 1e3 for h in hits], '{:.2f}')} ms ({len(hits)}/{len(ok)})" if hits else f"- (0/{len(ok)})"
-        ttt = ttt if clock else "n/a"
-        t.add_row(method, _ms([r["final"] for r in ok], fmt), ttt, _ms([r["mb"] for r in ok], "{:.2f}"),
-                  f"{statistics.mean(r['wall_s'] for r in ok):.1f}")
-    Console(width=150).print(t)
+    fmt = "{:.1f}" if task == "cartpole" else "{:.3f}"
+    for lr, rows in res["runs"].items():
+        t = Table(title=f"{task}, lr x{lr:g}, seeds {seeds[0]}-{seeds[-1]}: mean [95% CI] median")
+        for col in ("method", "model (deployed)", "agents (mean)", f"time to {TASKS[task][1]:g} (ms)", "compute",
+                    "steps"):
+            t.add_column(col, justify="left" if col == "method" else "right")
+        for m, runs in rows.items():
+            ok = [r for r in runs if "error" not in r]
+            if not ok:
+                t.add_row(m, runs[0]["error"][:50], "", "", "", str(runs[0]["steps"]))
+                continue
+            hits = [r["ttt"] * 1e3 for r in ok if r["ttt"] is not None]
+            ttt = f"{statistics.median(hits):.2f} ({len(hits)}/{len(ok)})" if hits else f"- (0/{len(ok)})"
+            flops = _mean([r["flops"] for r in ok]) / res["target_flops"]
+            t.add_row(m + ("" if len(ok) == len(runs) else f" ({len(ok)}/{len(runs)} ran)"),
+                      cell([r["model"] for r in ok], fmt), cell([r["agents"] for r in ok], fmt), ttt,
+                      f"x{flops:.3f}", str(ok[0]["steps"]))
+        Console(width=160).print(t)
+        for key in ("model", "agents"):
+            best, word = verdict(rows, key)
+            print(f"  verdict ({key}): oresearcher vs best baseline {best}: {word}")
+
+
+def plot(task: str, res: dict, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    for ax, key in zip(axes[:2], ("model", "agents")):
+        for m in res["runs"][1.0]:
+            xs, ys, lo, hi = [], [], [], []
+            for lr, rows in res["runs"].items():
+                ok = [r[key] for r in rows.get(m, []) if "error" not in r]
+                if len(ok) >= 2:
+                    mu, a, b = ci95(ok)
+                    xs.append(lr), ys.append(mu), lo.append(mu - a), hi.append(b - mu)
+            ax.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=3, label=m, lw=2.5 if m == "oresearcher" else 1.2)
+        ax.set_xscale("log")
+        ax.set_xlabel("learning rate x base")
+        ax.set_title(f"{task}: {'deployed model' if key == 'model' else 'mean over agents'} (test, 95% CI)")
+        ax.grid(alpha=0.3)
+    for m, runs in res["runs"][1.0].items():
+        curves = [r["curve"] for r in runs if "error" not in r and r["curve"]]
+        if curves:
+            k = min(len(c) for c in curves)
+            axes[2].plot([statistics.mean(c[i][0] for c in curves) * 1e3 for i in range(k)],
+                         [statistics.mean(c[i][1] for c in curves) for i in range(k)], marker=".", label=m)
+    axes[2].axhline(TASKS[task][1], color="grey", ls=":", label="target")
+    axes[2].set_xlabel("simulated time, 8xA100 clock (ms)")
+    axes[2].set_title("lr x1: mean over agents vs time (seed mean)")
+    axes[2].grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--tasks", default="digits,cartpole")
-    p.add_argument("--seeds", type=int, default=3)
+    p.add_argument("--tasks", default=",".join(TASKS))
+    p.add_argument("--seeds", type=int, help="number of seeds (default 5; --quick 2)")
     p.add_argument("--first-seed", type=int, default=100,
                    help="seeds first-seed.. (the scenarios' settings were picked on seeds 0-2: keep them out)")
     p.add_argument("--methods", default=",".join(METHODS))
-    p.add_argument("--gloo", action="store_true", help="also run the main methods on gloo (slow: 4 processes each)")
-    p.add_argument("--gloo-seeds", type=int, default=1)
+    p.add_argument("--quick", action="store_true", help="CI-sized smoke: a few steps, 2 seeds")
+    p.add_argument("--plots", default=str(ROOT / "docs" / "img"), help="directory of coop-<task>.png ('' : none)")
     p.add_argument("--json", help="write all raw results here")
     args = p.parse_args(argv)
     import logging
-    logging.basicConfig(level=logging.WARNING)
-    results = {}
-    for task in args.tasks.split(","):
-        seeds = range(args.first_seed, args.first_seed + args.seeds)
-        rows = {m: [run_sim(task, m, s) for s in seeds] for m in args.methods.split(",")}
-        results[f"sim/{task}"] = rows
-        table(f"{task}: simulator (numeric mode, 8xA100 clock), seeds {seeds.start}-{seeds.stop - 1}", rows, task)
-        if args.gloo:
-            g = {m: [run_gloo(task, m, s) for s in seeds[:args.gloo_seeds]] for m in GLOO_METHODS}
-            results[f"gloo/{task}"] = g
-            table(f"{task}: gloo, {args.gloo_seeds} seed(s) (time-to-target needs per-round evaluation: sim only)",
-                  g, task, clock=False)
+    logging.basicConfig(level=logging.ERROR)
+    size = "quick" if args.quick else "full"
+    seeds = list(range(args.first_seed, args.first_seed + (args.seeds or (2 if args.quick else 5))))
+    tasks, methods = args.tasks.split(","), args.methods.split(",")
+    bad = [t for t in tasks if t not in TASKS] + [m for m in methods if m not in METHODS]
+    if bad or "oresearcher" not in methods:
+        print(f"bench_cooperation: unknown task/method {bad} (or oresearcher missing)", file=sys.stderr)
+        return 2
+    results, t0 = {}, time.perf_counter()
+    for task in tasks:
+        res = run_task(task, seeds, size, methods, log=lambda s: print(s, file=sys.stderr, flush=True))
+        results[task] = res
+        table(task, res, seeds)
+        if args.plots:
+            plot(task, res, Path(args.plots) / f"coop-{task}.png")
+    print(f"total wall {time.perf_counter() - t0:.0f} s ({size})")
     if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1))
+        Path(args.json).write_text(json.dumps(
+            {t: {**r, "runs": {str(k): v for k, v in r["runs"].items()}} for t, r in results.items()}, indent=1))
     return 0
 
 
