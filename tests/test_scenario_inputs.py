@@ -1,6 +1,7 @@
 """Bad input, as an attacker writes it: every malformed scenario and every bad flag set is
 one line on stderr and exit code 2 from both command lines (the simulator and `run`),
-with no traceback, within seconds, and nothing written. A hypothesis property feeds
+with no traceback, within seconds, and nothing written (a finished run given as `--out`,
+even with `--overwrite`, is left byte for byte as it was). A hypothesis property feeds
 random documents to the loader: each loads or raises the project's UserError.
 
 The CLIs' main() run in process; `run`'s rank launch is replaced by a stub that fails
@@ -161,6 +162,29 @@ def test_malformed_scenario_is_one_line_and_exit_2(case, which, tmp_path, cli, c
         argv, main = ["--scenario", path, "--out", str(tmp_path / "o")], run_main
     _check(*cli(main, argv, capsys), MALFORMED[case][1])
     assert not (tmp_path / "o").exists()
+
+
+def _finished_run(root):
+    """A directory as a finished run leaves it."""
+    out = root / "finished"
+    (out / "checkpoints" / "step-00000003").mkdir(parents=True)
+    (out / "report.json").write_text('{"steps": 4}')
+    (out / "scenario.yaml").write_text(BASE)
+    (out / "checkpoints" / "step-00000003" / "rank-0000.pt").write_bytes(b"weights")
+    return out
+
+
+def _tree(root):
+    return {str(f.relative_to(root)): f.read_bytes() for f in sorted(root.rglob("*")) if f.is_file()}
+
+
+@pytest.mark.parametrize("case", MALFORMED, ids=list(MALFORMED))
+def test_malformed_scenario_leaves_a_finished_run_alone_even_with_overwrite(case, tmp_path, cli, capsys):
+    out = _finished_run(tmp_path)
+    before = _tree(out)
+    argv = ["--scenario", _write(tmp_path, MALFORMED[case][0]), "--out", str(out), "--overwrite"]
+    _check(*cli(run_main, argv, capsys), MALFORMED[case][1])
+    assert _tree(out) == before
 
 
 BAD_RUN_FLAGS = [

@@ -58,6 +58,21 @@ def make_run(tmp_path, steps=STEPS, world=2):
     return out
 
 
+def tree(root):
+    """Every file under ``root`` with its bytes (what a refused command must leave alone)."""
+    return {str(f.relative_to(root)): f.read_bytes() for f in sorted(root.rglob("*")) if f.is_file()}
+
+
+@pytest.fixture
+def empty_cwd(tmp_path, monkeypatch):
+    """Run in an empty working directory; after the test, assert nothing was written there."""
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    monkeypatch.chdir(cwd)
+    yield cwd
+    assert not list(cwd.iterdir()), "something was written outside the run directory"
+
+
 def call(argv, capsys, spawned_ok=False):
     """(exit code or "spawned", stdout, stderr lines) of main(argv)."""
     try:
@@ -98,13 +113,19 @@ def one_error(code, err, words):
     (["--out", "elsewhere"], "a run continues in its own directory"),
     (["--bogus-flag"], "unrecognized arguments"),
 ])
-def test_bad_flags_on_resume_are_one_line_and_exit_2(flags, words, tmp_path, capsys, spawn):
+@pytest.mark.parametrize("finished", [False, True], ids=["stopped run", "finished run"])
+def test_bad_flags_on_resume_are_one_line_and_exit_2(flags, words, finished, tmp_path, capsys, spawn, empty_cwd):
     out = make_run(tmp_path)
-    before = (out / "scenario.yaml").read_bytes()
-    code, _, err = call(["--resume", str(out), *flags], capsys)
-    one_error(code, err, words)
-    assert not spawn and (out / "scenario.yaml").read_bytes() == before
-    assert not (out / rundir.LOCK).exists()
+    if finished:
+        (out / "report.json").write_text(json.dumps({"steps": 20, "note": "finished"}))
+    before = tree(out)
+    code, stdout, err = call(["--resume", str(out), *flags], capsys)
+    if finished and " ".join(flags) in ("--resume-step 5", "--steps 11"):
+        # checked against the checkpoints, after the finished check: the documented no-op
+        assert code == 0 and not err and "nothing to resume, report.json left as it is" in stdout
+    else:
+        one_error(code, err, words)
+    assert not spawn and tree(out) == before  # no lock left, nothing rewritten, nothing removed
 
 
 @pytest.mark.parametrize("argv, words", [
@@ -113,11 +134,11 @@ def test_bad_flags_on_resume_are_one_line_and_exit_2(flags, words, tmp_path, cap
     (["--steps", "true"], "--steps"),
     (["--resume", "no/such/run"], "no such run directory"),
 ])
-def test_bad_flags_on_a_new_run_are_one_line_and_exit_2(argv, words, tmp_path, capsys, spawn):
+def test_bad_flags_on_a_new_run_are_one_line_and_exit_2(argv, words, tmp_path, capsys, spawn, empty_cwd):
     sc = write_scenario(tmp_path / "s.yaml")
     code, _, err = call(["--scenario", str(sc), "--out", str(tmp_path / "run"), *argv], capsys)
     one_error(code, err, words)
-    assert not spawn
+    assert not spawn and not (tmp_path / "run").exists()
 
 
 def test_resume_with_an_unchanged_or_free_flag_starts_from_the_newest_step(tmp_path, capsys, spawn):
@@ -210,22 +231,26 @@ DAMAGES = {
 
 
 @pytest.mark.parametrize("damage", DAMAGES, ids=list(DAMAGES))
-def test_a_damaged_newest_checkpoint_is_skipped_for_the_newest_intact_one(damage, tmp_path, capsys, spawn):
+def test_a_damaged_newest_checkpoint_is_skipped_for_the_newest_intact_one(damage, tmp_path, capsys, spawn, empty_cwd):
     out = make_run(tmp_path)
     hurt, words = DAMAGES[damage]
     hurt(out)
+    before = tree(out)
     code, _, err = call(["--resume", str(out)], capsys)
     assert code == "spawned", err
+    assert tree(out) == before  # skipped, not deleted: nothing is lost before a rank has trained past it
     assert spawn[0][-2:] == ["--resume-step", "7"]
     assert len(err) == 1 and "checkpoint step 11 skipped" in err[0] and words in err[0], err
 
 
 @pytest.mark.parametrize("damage", ["truncated", "manifest missing", "one bit flipped"])
-def test_asking_for_a_damaged_step_is_one_line_and_exit_2(damage, tmp_path, capsys, spawn):
+def test_asking_for_a_damaged_step_is_one_line_and_exit_2(damage, tmp_path, capsys, spawn, empty_cwd):
     out = make_run(tmp_path)
     DAMAGES[damage][0](out)
+    before = tree(out)
     code, _, err = call(["--resume", str(out), "--resume-step", "11"], capsys)
     one_error(code, err, "--resume-step 11: rank")
+    assert tree(out) == before and not spawn
     assert "complete steps: 3, 7" in err[0] or "complete steps: 3, 7, 11" in err[0]
 
 
@@ -235,12 +260,14 @@ def test_resume_step_takes_an_older_intact_step(tmp_path, capsys, spawn):
     assert code == "spawned" and spawn[0][-2:] == ["--resume-step", "3"], err
 
 
-def test_every_step_damaged_is_one_line(tmp_path, capsys, spawn):
+def test_every_step_damaged_is_one_line(tmp_path, capsys, spawn, empty_cwd):
     out = make_run(tmp_path)
     for step in STEPS:
         ckpt.rank_file(out, step, 0).write_bytes(b"x")
+    before = tree(out)
     code, _, err = call(["--resume", str(out)], capsys)
     one_error(code, err, "nothing to resume (step 11 skipped: rank 0")
+    assert tree(out) == before and not spawn
     assert "2 more skipped" in err[0]
 
 
