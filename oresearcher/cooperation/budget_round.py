@@ -83,14 +83,12 @@ class BudgetRun:
     @property
     def codec(self):
         spec = self.rungs[self.state.rung][1]
-        if spec == "none":
-            return None
-        if spec not in self._codecs:
-            from ..codecs import build
+        if spec not in self._codecs:  # None for "none" (CodecSpec.make: the one "none" test)
+            from ..codecs.spec import parse
 
             sc = self.ctx.scenario
-            self._codecs[spec] = self.ctx.register(f"budget_codec {spec}", build(
-                spec, seed=derive(sc.seed, self.ctx.rank), shared_seed=sc.seed))
+            codec = parse(spec).make(seed=derive(sc.seed, self.ctx.rank), shared_seed=sc.seed)
+            self._codecs[spec] = None if codec is None else self.ctx.register(f"budget_codec {spec}", codec)
         return self._codecs[spec]
 
     def plan(self, steps_now, members) -> None:
