@@ -118,7 +118,7 @@ def test_two_runs_into_one_directory_at_once_one_refuses(tmp_path, child_env):
 def test_a_frozen_rank_is_named_within_the_timeout_and_the_run_resumes(tmp_path, child_env):
     """SIGSTOP of rank 1 (a hung GPU, a swapped-out host): it neither dies nor answers.
     Rank 0's monitor names it once its heartbeat is --timeout old, and the run stops with
-    one line that says where to resume from; the resume finishes."""
+    one line that says where to resume from; the resume finishes (ORESEARCHER_SLOW_TESTS=1)."""
     from bk_helpers import child_with_rank
 
     sc = write_scenario(tmp_path / "s.yaml", training={"steps": 5000, "checkpoint_every": 3})
@@ -146,7 +146,8 @@ def test_a_frozen_rank_is_named_within_the_timeout_and_the_run_resumes(tmp_path,
     assert lines[-1].startswith("error: rank 1 lost: no heartbeat for ") and lines[-1].endswith(
         f"the other ranks stopped (last complete checkpoint: step {step}; resume with --resume {out})"), lines
     assert not (out / rundir.LOCK).exists() and not (out / "report.json").exists()
-
+    if os.environ.get("ORESEARCHER_SLOW_TESTS") != "1":  # resuming after a kill: test_bk_cli, every run
+        return
     p = run(["--resume", str(out), "--learner", TINY, "--steps", str(step + 3), "--log-level", "WARNING"], child_env)
     assert p.returncode == 0, p.stderr[-2000:]
     assert json.loads((out / "report.json").read_text())["start_step"] == step + 1
@@ -158,6 +159,6 @@ def test_a_report_slower_than_the_timeout_is_no_lost_rank(tmp_path, child_env):
     sc = write_scenario(tmp_path / "s.yaml", training={"steps": 4, "checkpoint_every": 0})
     out = tmp_path / "run"
     p = run(["--scenario", str(sc), "--learner", "bk_tiny:make_slow_report_learner", "--out", str(out),
-             "--timeout", "2", "--log-level", "WARNING"], dict(child_env, REPORT_SLEEP_S="5"))
+             "--timeout", "2", "--log-level", "WARNING"], dict(child_env, REPORT_SLEEP_S="3.5"))
     assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr[-3000:]
     assert json.loads((out / "report.json").read_text())["steps"] == 4
