@@ -258,7 +258,7 @@ def _round_end(ctx, learner, st, alloc, outer, swa, ids, pad_to, losses, progres
     flats = yield from gather_params(ctx, learner, pad_to)
     numeric = ctx.numeric and flats[0].device.type != "meta"
     train_loss = float(torch.tensor(losses).nanmean()) if losses else float("nan")
-    pub = yield from validate(ctx, learner, flats, ids, st.roles[rank], train_loss, numeric)
+    pub = yield from validate(ctx, learner, flats, ids, st.roles, train_loss, numeric)
     weights = scheduled_weights(sc.agents.reward_weights, progress, cfg.rewards.schedule, cfg.rewards.novelty_boost)
     if hasattr(learner, "set_reward_weights"):
         learner.set_reward_weights(weights)
@@ -354,7 +354,7 @@ def _final(ctx, learner, st, ids, pad_to, losses):
     flats = yield from gather_params(ctx, learner, pad_to)
     numeric = ctx.numeric and flats[0].device.type != "meta"
     train_loss = float(torch.tensor(losses).nanmean()) if losses else float("nan")
-    pub = yield from validate(ctx, learner, flats, ids, st.roles[ctx.rank], train_loss, numeric)
+    pub = yield from validate(ctx, learner, flats, ids, st.roles, train_loss, numeric)
     if not numeric:
         return {}
     weights = scheduled_weights(ctx.scenario.agents.reward_weights, 1.0, ctx.scenario.cooperation.rewards.schedule,

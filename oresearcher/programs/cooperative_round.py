@@ -11,6 +11,7 @@ import torch
 
 from ..cooperation import ensemble as E
 from ..cooperation import roles as R
+from ..cooperation import validation as V
 from ..cooperation.fusion import HeterogeneousEnsemble
 from ..cooperation.rewards import reward, tv_novelty
 from ..seeds import RANK, SMALL, STREAM, derive
@@ -117,14 +118,21 @@ def novelty(probs: list, ens=None) -> list[float]:
     return out
 
 
-def validate(ctx, learner, flats, ids, role, train_loss, numeric):
-    """Validators score every agent; everyone AllGathers the scores; returns Published."""
+def validate(ctx, learner, flats, ids, roles, train_loss, numeric):
+    """Validators score every agent, each on its own shard of the held-out split (or one
+    validator scores: :mod:`oresearcher.cooperation.validation`); everyone AllGathers the
+    scores; returns Published."""
     n = ctx.world_size
     rows = None
-    if role == "validator" and numeric and hasattr(learner, "evaluate_params"):
+    v, count = V.validator_slot(roles, ctx.rank)
+    shards = count > 1 and V.can_shard(learner) and "ensemble" not in ctx.state
+    if v >= 0 and (shards or v == 0) and numeric and hasattr(learner, "evaluate_params"):
         results = []
         for j in range(n):
-            res = yield Compute(learner.evaluate_params, flats[j], ids[j], name="validate")
+            if shards:
+                res = yield Compute(V.shard_scores, learner, flats[j], ids[j], v, count, name="validate")
+            else:
+                res = yield Compute(learner.evaluate_params, flats[j], ids[j], name="validate")
             yield Compute(flops=float(res.get("flops", 0.0)), name="validate")
             results.append(res)
         nov = yield Compute(novelty, [r["probs"] for r in results], ctx.state.get("ensemble"), name="novelty")

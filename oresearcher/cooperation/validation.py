@@ -1,0 +1,52 @@
+"""Who scores what: validators split the held-out data into disjoint shards.
+
+Several validators scoring every agent on the same split compute the same numbers
+(deterministic evaluation): redundant work that looks like independent evidence. So:
+
+- a learner that can predict on given inputs (``task_data(split)`` and
+  ``predict_params(flat, arch, X)``, the hooks the trained ensemble uses) is scored by
+  each of ``V`` validators on its own shard of the validation split (rows ``v, v+V,
+  v+2V, ...``: disjoint, together the whole split), and the published score is the mean
+  over validators, as before;
+- otherwise (tasks without those hooks, or with the trained ensemble, whose novelty is
+  fitted on the whole split) one validator, the lowest-ranked, scores; the others report
+  nothing (decode_reports averages only the validators that reported).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .rewards import overconfident_error_safety
+
+
+def validator_slot(roles, rank: int) -> tuple[int, int]:
+    """(v, V): this rank's index among the validators, and how many there are."""
+    vals = [i for i, r in enumerate(roles) if r == "validator"]
+    return (vals.index(rank) if rank in vals else -1), len(vals)
+
+
+def can_shard(learner) -> bool:
+    return hasattr(learner, "task_data") and hasattr(learner, "predict_params")
+
+
+def shard_rows(total: int, v: int, count: int) -> torch.Tensor:
+    """Rows of validator ``v`` of ``count``: disjoint across validators, covering all."""
+    return torch.arange(total)[v::count]
+
+
+def shard_scores(learner, flat: torch.Tensor, arch: str, v: int, count: int) -> dict:
+    """One agent on validator ``v``'s shard: the keys of ``evaluate_params``."""
+    from ..tasks.digits import expected_calibration_error
+
+    X, y = learner.task_data("val")
+    rows = shard_rows(len(y), v, count)
+    logits, flops = learner.predict_params(flat, arch, X[rows])
+    y = y[rows].cpu()
+    probs = logits.softmax(-1)
+    if not bool(torch.isfinite(logits).all()):
+        nan = float("nan")
+        return {"metric": nan, "loss": nan, "calibration": nan, "safety": 0.0, "probs": probs, "flops": flops}
+    return {"metric": float((logits.argmax(-1) == y).float().mean()), "loss": float(F.cross_entropy(logits, y)),
+            "calibration": expected_calibration_error(probs, y), "safety": overconfident_error_safety(probs, y),
+            "probs": probs, "flops": flops}
