@@ -14,7 +14,7 @@ from oresearcher.cooperation import validation as V
 from oresearcher.programs import AgentContext, get_program
 from oresearcher.scenario import load_scenario
 from oresearcher.tasks import make_learner
-from oresearcher.testing import run_programs
+from oresearcher.testing import run_programs, tap
 
 DIGITS = Path(__file__).resolve().parents[1] / "scenarios" / "digits-4.yaml"
 SETS = ["training.steps=12", "communication.interval=6", "cooperation.roles.policy=static",
@@ -49,15 +49,10 @@ def _reports(wrap=None):
     sent = {}
 
     def spy(rank, gen):
-        val = None
-        while True:
-            try:
-                op = gen.send(val)
-            except StopIteration as e:
-                return e.value
+        def on_op(op):
             if isinstance(op, O.AllGather) and op.name == "score_gather":
                 sent.setdefault(rank, []).append(op.tensor.clone())
-            val = yield op
+        return tap(gen, on_op)
 
     steps = run_programs([spy(r, prog(AgentContext(r, n, sc, mode="numeric"), x)) for r, x in enumerate(learners)])
     return sent, steps, n
