@@ -10,7 +10,7 @@ import pytest
 import torch.distributed as dist
 
 from oresearcher.backends.launcher import DistEnv, connect_store
-from oresearcher.backends.monitor import Monitor, post_failure, read_failure
+from oresearcher.backends.monitor import Monitor, post_failure, post_user_error, read_failure, user_error
 
 
 @pytest.fixture
@@ -44,6 +44,16 @@ def test_identify_returns_the_notice_and_the_first_poster_wins(store):
     assert post_failure(store, "t2/", "rank 1 lost (killed by SIGKILL)") == "rank 1 lost (killed by SIGKILL)"
     assert post_failure(store, "t2/", "rank 0 lost: no heartbeat") == "rank 1 lost (killed by SIGKILL)"
     assert a.identify(wait_s=1.0) == "rank 1 lost (killed by SIGKILL)" and a.lost == lost[0]
+
+
+def test_a_user_error_is_marked_as_one_and_the_first_poster_still_wins(store):
+    line = "rank 1 diverged at step 3: non-finite gradient"
+    assert post_user_error(store, "t4/", line) == line and user_error(store, "t4/") == line
+    assert post_user_error(store, "t4/", "rank 0 diverged at step 3") == line  # a second rank: one line
+    assert post_failure(store, "t4/", "rank 1 lost (exit code 2)") == line == read_failure(store, "t4/")
+    assert post_failure(store, "t5/", "rank 1 lost (killed by SIGKILL)") and user_error(store, "t5/") is None
+    assert post_user_error(store, "t5/", line) == "rank 1 lost (killed by SIGKILL)"
+    assert user_error(store, "t5/") is None  # the notice is a lost rank's: not the user's line
 
 
 def test_identify_finds_a_dead_rank_within_a_few_heartbeats(store):
