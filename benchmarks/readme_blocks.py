@@ -107,7 +107,7 @@ def sim_8xa100_text() -> str:
 def sim_digits_final() -> str:
     """The end of a numeric-mode simulation: each agent's final metric and the deployable model's."""
     cmd = "python -m oresearcher.sim scenarios/digits-4.yaml"
-    lines = run(cmd).splitlines()
+    lines = run(cmd, columns=120).splitlines()
     start = next(i for i, ln in enumerate(lines) if ln.strip().startswith("final "))
     end = next(i for i, ln in enumerate(lines) if ln.startswith("deployable model:"))
     return fence(f"$ {cmd}      (trimmed)\n" + "\n".join(lines[start:end + 1]))
@@ -133,7 +133,7 @@ FAULTS = ("python -m oresearcher.sim 8xA100 --set training.strategy=ddp --set tr
 def sim_faults() -> str:
     """The faults table of a ddp run with a straggler, a slow link window and a lost rank."""
     out = run(FAULTS.replace("\\\n    ", ""), columns=120).splitlines()
-    start = next(i for i, ln in enumerate(out) if ln.lstrip().startswith("fault "))
+    start = next(i for i, ln in enumerate(out) if ln.strip() == "faults")  # the table's title
     end = next(i for i, ln in enumerate(out) if "goodput" in ln)
     return fence(f"$ {FAULTS}\n...\n" + "\n".join(out[start:end + 1]))
 

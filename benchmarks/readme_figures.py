@@ -72,11 +72,19 @@ def select(names, quick: bool) -> list[Block]:
     return [b for b in BLOCKS if b.quick or not quick]
 
 
-def regenerate(blocks: list[Block], log=print) -> dict[str, str]:
+def regenerate(blocks: list[Block], log=print, failed: list | None = None) -> dict[str, str]:
+    """NAME -> fresh text. A block whose generator fails is logged and left out (its name
+    goes to ``failed``), so one broken command does not cost the others' minutes."""
     new = {}
     for b in blocks:
         log(f"regenerating {b.name}: {b.command}")
-        new[b.name] = b.generate()
+        try:
+            new[b.name] = b.generate()
+        except Exception as e:  # noqa: BLE001 -- reported, and the run exits 1
+            log(f"error: {b.name}: {type(e).__name__}: {e}")
+            if failed is None:
+                raise
+            failed.append(b.name)
     return new
 
 
@@ -95,10 +103,10 @@ def check(blocks: list[Block], log=print) -> list[str]:
     return [diff(present[n], t, n) for n, t in fresh.items() if present[n] != t]
 
 
-def write(blocks: list[Block], log=print) -> list[str]:
+def write(blocks: list[Block], log=print, failed: list | None = None) -> list[str]:
     """Regenerate ``blocks`` and rewrite their README text; returns the names that changed."""
     blocks_in(README.read_text())  # fail before minutes of work on a broken README
-    fresh = regenerate(blocks, log)
+    fresh = regenerate(blocks, log, failed)
     for b in blocks:
         for src, dst in b.images.items():
             if (ROOT / src).is_file():
@@ -135,9 +143,13 @@ def main(argv=None) -> int:
         print(f"{len(diffs)} of {len(blocks)} README blocks differ from a fresh run" if diffs
               else f"all {len(blocks)} README blocks match a fresh run", file=sys.stderr)
         return 1 if diffs else 0
-    changed = write(blocks, log)
+    failed: list[str] = []
+    changed = write(blocks, log, failed)
     names = f" ({', '.join(changed)})" if changed else ""
     print(f"README.md: {len(changed)} of {len(blocks)} blocks changed{names}")
+    if failed:
+        print(f"error: {len(failed)} block(s) failed and were left as they were: {', '.join(failed)}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -52,3 +52,15 @@ def test_quick_readme_figures_match_a_fresh_run():
     assert len(blocks) >= 4
     diffs = rf.check(blocks, log=lambda s: None)
     assert not diffs, "README figures drifted; run `python benchmarks/readme_figures.py --quick`:\n" + "\n".join(diffs)
+
+
+def test_a_failing_generator_is_named_and_the_others_still_run():
+    def boom():
+        raise RuntimeError("exit 2")
+
+    failed, logged = [], []
+    blocks = [rf.Block("x", "x", boom), rf.Block("y", "y", lambda: "fresh y\n")]
+    assert rf.regenerate(blocks, log=logged.append, failed=failed) == {"y": "fresh y\n"}
+    assert failed == ["x"] and any("error: x: RuntimeError: exit 2" in line for line in logged)
+    with pytest.raises(RuntimeError):
+        rf.regenerate(blocks[:1], log=logged.append)  # --check: a broken generator is an error

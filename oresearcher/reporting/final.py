@@ -67,8 +67,8 @@ def final_section(metrics: dict, strategy: str | None) -> dict | None:
                   "value": sum(a["value"] for a in got) / len(got)}
     elif strategy == "oresearcher" and any(_last(hist[a["rank"]], "final_reliability") is not None for a in got):
         best = max(got, key=lambda a: _last(hist[a["rank"]], "final_reliability") or -1.0)
-        deploy = {"what": f"agent {best['rank']} (the validators' most reliable; distill.student makes one "
-                          f"model of all)", "value": best["value"], "rank": best["rank"]}
+        # no model is fused after the last round; distill.student would make one of all
+        deploy = {"what": f"agent {best['rank']}, the validators' pick", "value": best["value"], "rank": best["rank"]}
     else:
         pick = (max if higher else min)(got, key=lambda a: a["value"])
         deploy = {"what": f"agent {pick['rank']}, the best by {label}", "value": pick["value"], "rank": pick["rank"]}
