@@ -30,7 +30,8 @@ log = logging.getLogger(__name__)
 
 LOCK = ".lock"
 REPORT = "report.json"
-RUN_FILES = ("scenario.yaml", REPORT, "trace.json", "checkpoints", "tensorboard")
+RUN_FILES = ("scenario.yaml", REPORT, "trace.json", "checkpoints", "tensorboard",
+             "summary.png", "timeline.png", "breakdown.png", "curve.png")  # figures: reporting/figures.py
 
 
 def finished(out: Path) -> Optional[dict]:

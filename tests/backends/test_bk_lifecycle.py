@@ -314,6 +314,7 @@ def test_a_lock_from_another_host_is_refused(tmp_path):
 def test_a_new_run_into_a_run_directory_refuses_unless_overwrite(tmp_path, capsys, spawn):
     out = make_run(tmp_path)
     (out / "notes.txt").write_text("mine")
+    (out / "curve.png").write_bytes(b"the earlier run's figure")
     sc = write_scenario(tmp_path / "s4.yaml", agents={"count": 4})
     code, _, err = call(["--scenario", str(sc), "--out", str(out)], capsys)
     one_error(code, err, "already holds a run")
@@ -321,4 +322,5 @@ def test_a_new_run_into_a_run_directory_refuses_unless_overwrite(tmp_path, capsy
     code, _, err = call(["--scenario", str(sc), "--out", str(out), "--overwrite"], capsys)
     assert code == "spawned"
     assert not (out / "checkpoints").exists() and (out / "notes.txt").read_text() == "mine"
+    assert not (out / "curve.png").exists()  # no figure of the earlier run beside the new one's
     assert load_scenario(out / "scenario.yaml").agents.count == 4
