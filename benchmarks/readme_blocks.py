@@ -108,7 +108,7 @@ def sim_digits_final() -> str:
     """The end of a numeric-mode simulation: each agent's final metric and the deployable model's."""
     cmd = "python -m oresearcher.sim scenarios/digits-4.yaml"
     lines = run(cmd, columns=120).splitlines()
-    start = next(i for i, ln in enumerate(lines) if ln.strip().startswith("final "))
+    start = next(i for i, ln in enumerate(lines) if "┃ agent" in ln) - 1  # the final table's top
     end = next(i for i, ln in enumerate(lines) if ln.startswith("deployable model:"))
     return fence(f"$ {cmd}      (trimmed)\n" + "\n".join(lines[start:end + 1]))
 
@@ -149,6 +149,13 @@ def sim_sweep() -> str:
     end = next(i for i, ln in enumerate(out) if ln.startswith("wrote"))
     shown = SWEEP.replace(" --sweep", " \\\n    --sweep")
     return fence(f"$ {shown}\n" + "\n".join(out[start:end + 1]))
+
+
+def roofline_h200() -> str:
+    """The flat and roofline models against the H200 measurements (no timing on this machine)."""
+    out = run("python benchmarks/bench_roofline.py --no-cpu", columns=160).splitlines()
+    start = next(i for i, ln in enumerate(out) if ln.startswith("model "))
+    return fence("\n".join(ln for ln in out[start:] if ln.strip()))
 
 
 VARIANTS = ("", "--set cooperation.roles.optimizer_method=swa",
@@ -261,6 +268,7 @@ BLOCKS = [
           sim_fsdp, quick=False),
     Block("sim-faults", "python -m oresearcher.sim 8xA100 --set ... faults (a straggler, a slow link, a lost rank)",
           sim_faults, quick=False),
+    Block("roofline-h200", "python benchmarks/bench_roofline.py --no-cpu", roofline_h200, quick=False),
     Block("codec-accuracy", "python benchmarks/bench_codecs.py --accuracy-only --seeds 5", codec_accuracy,
           quick=False),
 ]

@@ -26,6 +26,27 @@ def _algorithms(counts: dict) -> str:
     return top + (f" +{len(counts) - 1}" if len(counts) > 1 else "")
 
 
+def collective_table(breakdown: list[dict], steps: int, ws: int, waits: bool) -> Table:
+    """Per collective, per step and rank. Waiting (the part of in flight before the last
+    member arrived) and the algorithm only where the backend knows them (the simulator);
+    a real run's table would show zeros and blanks. Fits 80 columns."""
+    algos = any(row.get("algorithms") for row in breakdown)
+    cols = ["collective", "calls", "in flight", *(["waiting"] if waits else []), "wire",
+            *(["algorithm"] if algos else [])]
+    b = Table(title="per collective (per step and rank)", header_style="bold")
+    for col in cols:
+        b.add_column(col, justify="left" if col in ("collective", "algorithm") else "right")
+    for row in breakdown:
+        cells = [row["name"], f"{row['count'] / steps / ws:.3g}", fmt_ms(row["time_s"] / steps / ws)]
+        if waits:
+            cells.append(fmt_ms(row.get("peer_wait_s", 0.0) / steps / ws))
+        cells.append(fmt_bytes(row["wire_bytes"] / steps / ws))
+        if algos:
+            cells.append(_algorithms(row.get("algorithms") or {}))
+        b.add_row(*cells)
+    return b
+
+
 def print_report(report: dict, title: str, column: str = "predicted") -> None:
     t = Table(title=title, show_header=True, header_style="bold")
     t.add_column("per step (mean over ranks)")
@@ -44,13 +65,7 @@ def print_report(report: dict, title: str, column: str = "predicted") -> None:
     console.print(t)
     steps, ws = max(report["steps"], 1), max(report["world_size"], 1)
     if report["breakdown"]:
-        b = Table(title="per collective (per step and rank)", header_style="bold")
-        for col in ("collective", "calls", "in flight", "of which waiting", "wire", "algorithm"):
-            b.add_column(col, justify="right" if col not in ("collective", "algorithm") else "left")
-        for row in report["breakdown"]:
-            b.add_row(row["name"], f"{row['count'] / steps / ws:.3g}", fmt_ms(row["time_s"] / steps / ws),
-                      fmt_ms(row.get("peer_wait_s", 0.0) / steps / ws), fmt_bytes(row["wire_bytes"] / steps / ws), _algorithms(row.get("algorithms") or {}))
-        console.print(b)
+        console.print(collective_table(report["breakdown"], steps, ws, waits=report.get("backend") == "sim"))
     mem = report.get("memory")
     if mem:
         verdict = "[green]fits[/green]" if mem["fits"] else "[red]does NOT fit[/red]"

@@ -83,15 +83,17 @@ def fmt_value(key: str, v) -> str:
 
 def final_table(section: dict, max_rows: int = 16) -> Table:
     """One row per agent (the first ``max_rows``)."""
-    t = Table(title=f"final {section['label']} per agent", header_style="bold")
-    t.add_column("agent", justify="right")
-    t.add_column("role")
-    t.add_column(section["label"], justify="right")
+    t = Table(header_style="bold")
     agents = section["agents"]
+    roles = any(a["role"] != "-" for a in agents)  # programs without roles: no column of dashes
+    t.add_column("agent", justify="right")
+    if roles:
+        t.add_column("role")
+    t.add_column(f"final {section['label']}", justify="right")
     for a in agents[:max_rows]:
-        t.add_row(str(a["rank"]), a["role"], fmt_value(section["metric"], a["value"]))
+        t.add_row(str(a["rank"]), *([a["role"]] if roles else []), fmt_value(section["metric"], a["value"]))
     if len(agents) > max_rows:
-        t.add_row("...", f"{len(agents) - max_rows} more in report.json", "")
+        t.add_row("...", *([""] if roles else []), f"{len(agents) - max_rows} more in report.json")
     return t
 
 
