@@ -95,7 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo", help="gloo (CPU) or nccl (GPU)")
     p.add_argument("--scenario", help=f"scenario YAML (default {DEFAULT_SCENARIO}; with --resume, the run's saved copy)")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override any scenario field")
-    p.add_argument("--num_agents", type=int, help="agents, one rank each (agents.count)")
+    p.add_argument("--num_agents", type=int, help="agents, one rank each (agents.count; the scenario's role mix "
+                   "is rescaled to it)")
     p.add_argument("--communication_interval", type=int, help="steps between fusion rounds")
     p.add_argument("--reward_weights", help="task,novelty,safety weights, e.g. 0.5,0.3,0.2")
     p.add_argument("--strategy", help="oresearcher | ddp | local_sgd | diloco | single | fsdp "
