@@ -71,7 +71,7 @@ TASKS = {
     "finance": ("finance.yaml", 0.7, [
         "agents.architectures=[]", "workload.model=credit-transformer", "agents.count=4",
         "workload.global_batch=128", "agents.roles={explorer: 1, optimizer: 2, validator: 1}"],
-        {"full": (24, 8, 0), "quick": (12, 6, 0)}),
+        {"full": (16, 8, 0), "quick": (12, 6, 0)}),
 }
 LR_MULTS = (0.1, 1.0, 10.0)
 
@@ -105,7 +105,7 @@ def run_one(task: str, method: str, seed: int, lr_mult: float, size: str, steps:
     sc = scenario(task, method, seed, lr_mult, size, steps)
     t0 = time.perf_counter()
     try:
-        report, learners, flops = H.simulate_counted(sc, H.pbt if method == "pbt" else None)
+        report, learners, flops, by_name = H.simulate_counted(sc, H.pbt if method == "pbt" else None)
     except (Diverged, AllExcluded) as e:  # a diverged run is a result too (e.g. lr x10)
         return {"error": f"{type(e).__name__}: {str(e)[:120]}", "steps": sc.training.steps}
     agents = statistics.mean(H.metric_of(l) for l in learners)
@@ -113,7 +113,7 @@ def run_one(task: str, method: str, seed: int, lr_mult: float, size: str, steps:
     model = (student["metrics"]["student_test_accuracy"] if student else H.averaged_metric(learners))
     curve = agents_curve(report)
     hit = next((t for t, m in curve if m >= TASKS[task][1]), None)
-    return {"agents": agents, "model": float(model), "flops": flops, "ttt": hit, "curve": curve,
+    return {"agents": agents, "model": float(model), "flops": flops, "by_name": by_name, "ttt": hit, "curve": curve,
             "steps": sc.training.steps, "end_s": curve[-1][0] if curve else None,
             "wall_s": time.perf_counter() - t0}
 
@@ -133,10 +133,13 @@ def equal_compute_steps(task: str, method: str, seed: int, size: str, target: fl
                key=lambda k: (abs(flops_at(k, interval, per_step, per_round) - target), k))
 
 
-def run_task(task: str, seeds: list[int], size: str, methods: list[str], log=print, lrs=LR_MULTS) -> dict:
-    """{lr_mult: {method: [run per seed]}}, baselines at the cooperative program's compute."""
+def run_task(task: str, seeds: list[int], size: str, methods: list[str], log=print, lrs=LR_MULTS,
+             pool=None) -> dict:
+    """{lr_mult: {method: [run per seed]}}, baselines at the cooperative program's compute.
+    ``pool``: a multiprocessing pool that runs the seeds of one cell side by side."""
     out = {m: {} for m in lrs}
-    coop = [run_one(task, "oresearcher", s, 1.0, size) for s in seeds]
+    starmap = pool.starmap if pool is not None else lambda f, args: [f(*a) for a in args]
+    coop = starmap(run_one, [(task, "oresearcher", s, 1.0, size) for s in seeds])
     out[1.0]["oresearcher"] = coop
     target = statistics.mean(r["flops"] for r in coop if "flops" in r)
     steps = {"oresearcher": None}
@@ -148,7 +151,7 @@ def run_task(task: str, seeds: list[int], size: str, methods: list[str], log=pri
     for lr in lrs:
         for m in methods:
             if m not in out[lr]:
-                out[lr][m] = [run_one(task, m, s, lr, size, steps[m]) for s in seeds]
+                out[lr][m] = starmap(run_one, [(task, m, s, lr, size, steps[m]) for s in seeds])
             ok = [r for r in out[lr][m] if "error" not in r]
             log(f"  {task} lr x{lr:g} {m}: model {_mean([r['model'] for r in ok]):.4f}, "
                 f"agents {_mean([r['agents'] for r in ok]):.4f}, {len(ok)}/{len(seeds)} ran")
@@ -197,6 +200,17 @@ def verdict(rows: dict, key: str) -> tuple[str, str]:
     return best, f"{word} ({m:+.4f} [{lo:+.4f}, {hi:+.4f}])"
 
 
+def compute_shares(runs: list[dict]) -> str:
+    """Where the cooperative program's FLOPs go, summed over its runs (largest first)."""
+    total: dict = {}
+    for r in runs:
+        for k, v in r.get("by_name", {}).items():
+            total[k] = total.get(k, 0.0) + v
+    s = sum(total.values())
+    return ", ".join(f"{k} {v / s:.0%}" for k, v in sorted(total.items(), key=lambda kv: -kv[1]) if v / s >= 0.005) \
+        if s else ""
+
+
 def table(task: str, res: dict, seeds: list[int]) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -219,6 +233,9 @@ def table(task: str, res: dict, seeds: list[int]) -> None:
                       cell([r["model"] for r in ok], fmt), cell([r["agents"] for r in ok], fmt), ttt,
                       f"x{flops:.3f}", str(ok[0]["steps"]))
         Console(width=160).print(t)
+        shares = compute_shares(rows.get("oresearcher", []))
+        if shares:
+            print(f"  oresearcher's compute by op: {shares}")
         for key in ("model", "agents"):
             best, word = verdict(rows, key)
             print(f"  verdict ({key}): oresearcher vs best baseline {best}: {word}")
@@ -270,6 +287,7 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="CI-sized smoke: a few steps, 2 seeds")
     p.add_argument("--plots", default=str(ROOT / "docs" / "img"), help="directory of coop-<task>.png ('' : none)")
     p.add_argument("--json", help="write all raw results here")
+    p.add_argument("--jobs", type=int, default=1, help="processes running the seeds of a cell side by side")
     args = p.parse_args(argv)
     import logging
     logging.basicConfig(level=logging.ERROR)
@@ -281,12 +299,20 @@ def main(argv=None) -> int:
         print(f"bench_cooperation: unknown task/method {bad} (or oresearcher missing)", file=sys.stderr)
         return 2
     results, t0 = {}, time.perf_counter()
+    pool = None
+    if args.jobs > 1:
+        import multiprocessing
+
+        pool = multiprocessing.get_context("spawn").Pool(args.jobs)
     for task in tasks:
-        res = run_task(task, seeds, size, methods, log=lambda s: print(s, file=sys.stderr, flush=True))
+        res = run_task(task, seeds, size, methods, log=lambda s: print(s, file=sys.stderr, flush=True), pool=pool)
         results[task] = res
         table(task, res, seeds)
         if args.plots:
             plot(task, res, Path(args.plots) / f"coop-{task}.png")
+    if pool is not None:
+        pool.close()
+        pool.join()
     print(f"total wall {time.perf_counter() - t0:.0f} s ({size})")
     if args.json:
         Path(args.json).write_text(json.dumps(

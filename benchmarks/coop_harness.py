@@ -107,7 +107,7 @@ def instrumented(program=None):
     dict that holds, after the run, ``learners`` and ``flops`` (per rank)."""
     import oresearcher.sim.simulate as S
 
-    got = {"learners": [], "flops": {}}
+    got = {"learners": [], "flops": {}, "by_name": {}}
     make, get = S.make_learner, S.get_program
 
     def make_learner(scenario, rank, **kw):
@@ -126,6 +126,7 @@ def instrumented(program=None):
             def on_op(op):
                 if isinstance(op, Compute):
                     got["flops"][ctx.rank] += float(op.flops or 0.0)
+                    got["by_name"][op.name] = got["by_name"].get(op.name, 0.0) + float(op.flops or 0.0)
             return (yield from tap(prog(ctx, learner), on_op))
         return counted
 
@@ -137,12 +138,12 @@ def instrumented(program=None):
 
 
 def simulate_counted(scenario, program=None):
-    """(report, learners, total FLOPs over ranks) of one simulated run."""
+    """(report, learners, total FLOPs over ranks, {Compute op name: FLOPs}) of one run."""
     from oresearcher.sim.simulate import simulate
 
     with instrumented(program) as got:
         report, _ = simulate(scenario, mode="numeric")
-    return report, got["learners"], sum(got["flops"].values())
+    return report, got["learners"], sum(got["flops"].values()), got["by_name"]
 
 
 def metric_of(learner) -> float:

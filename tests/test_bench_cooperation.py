@@ -35,6 +35,8 @@ def test_every_method_gets_the_cooperative_programs_compute(digits):
     assert digits["steps"]["ddp"] > coop[0]["steps"]
     ddp_per_step = rows["ddp"][0]["flops"] / rows["ddp"][0]["steps"]
     assert coop[0]["flops"] > 1.5 * ddp_per_step * coop[0]["steps"]
+    assert {"validate", "teacher_outputs", "distill_fwd_bwd"} <= set(coop[0]["by_name"])
+    assert "compute by op" not in B.compute_shares(coop) and "validate" in B.compute_shares(coop)
 
 
 def test_the_same_statistics_for_every_method(digits):
@@ -51,11 +53,12 @@ def test_the_same_statistics_for_every_method(digits):
 
 def test_pbt_exploits_and_explores():
     sc = B.scenario("digits", "pbt", 100, 1.0, "quick", steps=24)
-    report, learners, flops = H.simulate_counted(sc, H.pbt)
+    report, learners, flops, by_name = H.simulate_counted(sc, H.pbt)
     mults = {m["lr_mult"] for recs in report["metrics"].values() for m in recs if "lr_mult" in m}
     assert mults - {1.0}, "no agent's learning rate was ever perturbed"
     assert {b["name"] for b in report["breakdown"]} >= {"param_gather", "score_gather"}
     assert flops > 0 and len(learners) == 4
+    assert by_name["validate"] > 0 and sum(by_name.values()) == pytest.approx(flops)  # PBT's evaluations charged
 
 
 def test_equal_compute_steps_model_by_hand():
