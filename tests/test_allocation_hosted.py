@@ -45,7 +45,7 @@ def test_switch_priced_at_the_host_link():
     assert swap_seconds(_device("A100-SXM4-80GB"), 25e9) == pytest.approx(1.0)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(n_dev=st.integers(1, 6), k=st.integers(1, 4), data=st.data())
 def test_plan_bounds(n_dev, k, data):
     """Floor respected; the round's targets sum to its device time; steps never run
@@ -91,3 +91,13 @@ def test_sim_device_time_matches_shares(tmp_path):
     assert max(given) > 1.5 * min(given)  # the shares really moved time between agents
     for a in range(8):
         assert abs(used[a] - given[a]) <= 0.05 * given[a], (a, used, given)
+
+
+@pytest.mark.parametrize("setting", ["cooperation.replay.enabled=true", "communication.gradient_sharing=true"])
+def test_settings_it_does_not_run_are_refused(setting):
+    from oresearcher.errors import UserError
+    from sim.simulate import simulate
+
+    sc = load_scenario(REPO / "scenarios" / "alloc-8on4.yaml", [setting, "training.steps=20"])
+    with pytest.raises(UserError, match=setting.split("=")[0]):
+        simulate(sc)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from ..cooperation.scheduler import Scheduler, hosted
+from ..errors import UserError
 from ..ops import AllGather, Compute, StepDone
 from .cooperative_round import round_lengths
 
@@ -84,8 +85,28 @@ def _agent_learner(ctx, learner, agent: int, j: int):
     return make_learner(sc, ctx.rank, mode=mode, device=ctx.device)
 
 
+def unsupported(sc) -> list[str]:
+    """Settings the hosted program does not carry out (it refuses them rather than
+    silently ignoring them)."""
+    c, out = sc.cooperation, []
+    for name, on in (("cooperation.privacy.enabled", c.privacy.enabled), ("cooperation.replay.enabled", c.replay.enabled),
+                     ("communication.gradient_sharing", sc.communication.gradient_sharing),
+                     ("communication.budget", sc.communication.budget is not None),
+                     ("cooperation.ensemble.train", c.ensemble.train),
+                     ("distill.student", getattr(getattr(sc, "distill", None), "student", None) is not None)):
+        if on:
+            out.append(name)
+    return out
+
+
 def hosted_program(ctx, learner):
     sc, cfg = ctx.scenario, ctx.scenario.cooperation.allocation
+    off = unsupported(sc)
+    if off:
+        raise UserError(f"cooperation.allocation.agents_per_device > 1 does not run {', '.join(off)} yet: "
+                        "turn them off or host one agent per rank")
+    if ctx.start_step:
+        raise UserError("cooperation.allocation.agents_per_device > 1 cannot resume yet: start the run again")
     m, k = ctx.world_size, cfg.agents_per_device
     n = m * k
     mine = hosted(ctx.rank, n, m)
