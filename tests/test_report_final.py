@@ -55,3 +55,25 @@ def test_summarize_puts_the_section_in_the_report():
     tl2.record(0, "compute", "fwd", 0.0, 1.0)
     tl2.step_done(0, 0, 1.0, {})
     assert "final" not in summarize(tl2, {"name": "t"}, backend="sim")
+
+
+def test_final_bars_mark_the_deployable_model():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from oresearcher.reporting.curves import draw_final
+
+    data = {0: ([1.0], [0.90]), 1: ([1.0], [0.80])}
+    report = {"metrics": {}, "final": {"label": "test accuracy", "deployable": {"rank": 1, "value": 0.80}}}
+    fig, ax = plt.subplots()
+    draw_final(ax, report, "test accuracy", data, ["C0", "C1"])
+    widths = [p.get_linewidth() for p in ax.patches]
+    assert widths[1] == 2.0 and widths[0] < 2.0 and "deployable" in ax.get_title()
+    report["final"]["deployable"] = {"what": "distilled student", "value": 0.95}
+    fig2, ax2 = plt.subplots()
+    draw_final(ax2, report, "test accuracy", data, ["C0", "C1"])
+    assert [line.get_ydata()[0] for line in ax2.get_lines()] == [0.95] and ax2.get_ylim()[1] > 0.95
+    plt.close(fig)
+    plt.close(fig2)

@@ -141,7 +141,19 @@ def draw_final(ax, report: dict, title: str, data: dict, colors) -> None:
     names = [f"agent {r}\n{(roles_of(report, r) or ['-'])[-1]}" for r in ranks]
     bars = ax.bar(names, values, color=[colors[r % len(colors)] for r in ranks])
     ax.bar_label(bars, [f"{v:.3g}" for v in values], padding=2, fontsize=8)
-    ax.set_ylim(0, max(max(values), 1e-12) * 1.15)
+    top = max(values)
+    final = report.get("final") or {}
+    deploy = final.get("deployable") if final.get("label") == title else None
+    if deploy and deploy.get("rank") in ranks:  # one of the agents: outline its bar
+        bar = bars[ranks.index(deploy["rank"])]
+        bar.set_edgecolor("black")
+        bar.set_linewidth(2)
+        title = f"{title} (outlined: deployable)"
+    elif deploy and deploy.get("value") is not None:  # a student or the shared model: a line
+        ax.axhline(deploy["value"], color="black", ls="--", lw=1, label=f"deployable: {deploy['value']:.3g}")
+        ax.legend(fontsize=7, loc="lower right")
+        top = max(top, deploy["value"])
+    ax.set_ylim(0, max(top, 1e-12) * 1.15)
     ax.set_title(f"final {title}", fontsize=10)
     ax.grid(alpha=0.3, axis="y")
     if len(ranks) > 8:
