@@ -134,3 +134,10 @@ def test_curve_and_summary_pages_are_written(tmp_path):
     assert (tmp_path / "summary.png").stat().st_size > 10_000
     figures.summary_png(toy_report(toy_timeline(n=32)), toy_timeline(n=32), tmp_path / "summary32.png")
     assert (tmp_path / "summary32.png").exists()
+
+
+def test_time_ticks_say_zero_without_a_unit_and_the_rest_with_a_prefix():
+    from oresearcher.reporting.curves import SITime
+
+    f = SITime()
+    assert f(0.0) == "0" and f(0.005) == "5 ms" and f(2.5e-5) == "25 µs"

@@ -24,6 +24,17 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.ticker import EngFormatter, MaxNLocator  # noqa: E402
 
+
+class SITime(EngFormatter):
+    """Seconds with an SI prefix (``500 µs``, ``1.5 ms``); zero is a plain ``0``, not
+    ``0 s`` beside ticks in ms."""
+
+    def __init__(self):
+        super().__init__(unit="s", places=None, sep=" ")
+
+    def __call__(self, x, pos=None):
+        return "0" if x == 0 else super().__call__(x, pos)
+
 ROLE_NAMES = ("explorer", "optimizer", "validator")  # the ids backends/telemetry.py logs
 
 # (panel title, candidate keys, first present wins; markers: sparse evaluation points)
@@ -127,7 +138,7 @@ def draw_curves(axes, report: dict, panels) -> None:
                 ax.plot(t[alone], v[alone], "o", ms=2, color=line.get_color())
         ax.set_title(title, fontsize=10)
         ax.xaxis.set_major_locator(MaxNLocator(6))
-        ax.xaxis.set_major_formatter(EngFormatter(unit="s", places=None, sep=" "))
+        ax.xaxis.set_major_formatter(SITime())
         ax.set_xlabel(f"{clock} time")
         ax.grid(alpha=0.3)
         if 0 < len(data) <= 8:

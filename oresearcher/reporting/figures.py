@@ -19,9 +19,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.colors import ListedColormap  # noqa: E402
-from matplotlib.ticker import EngFormatter, MaxNLocator  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from .curves import draw_curves, curve_panels  # noqa: E402
+from .curves import SITime, draw_curves, curve_panels  # noqa: E402
 
 COLORS = {"compute": "#4C72B0", "comm": "#DD8452", "blocked": "#C44E52", "idle": "#E8E8E8"}
 LABELS = {"compute": "compute", "comm": "comm in flight", "blocked": "blocked (exposed comm)", "idle": "idle"}
@@ -44,7 +44,7 @@ def si_time(seconds: float) -> str:
 
 def time_axis(axis) -> None:
     """SI ticks in seconds on ``axis`` (ax.xaxis or ax.yaxis)."""
-    axis.set_major_formatter(EngFormatter(unit="s", places=None, sep=" "))
+    axis.set_major_formatter(SITime())
 
 
 def _save(fig, path: Path) -> None:
