@@ -89,9 +89,13 @@ def learner_grads(learner) -> list:
     return [p.grad for p in getattr(learner, "params", ()) if p.grad is not None]
 
 
-def diverged_message(rank: int, step: int, what: str, lr: float) -> str:
+SKIP_REPLICA = "'skip' leaves the rank out and restores it"
+SKIP_SHARDED = "'skip' drops the step on every rank"  # fsdp: a reduced shard cannot be taken back
+
+
+def diverged_message(rank: int, step: int, what: str, lr: float, skip: str = SKIP_REPLICA) -> str:
     return (f"rank {rank} diverged at step {step}: non-finite {what} (training.lr={lr:g}); stopped before it "
-            f"was shared (training.on_divergence: stop; 'skip' leaves the rank out and restores it)")
+            f"was shared (training.on_divergence: stop; {skip})")
 
 
 def excluded_message(where: str, world: int, why: str, lr: float, skipped: int | None = None) -> str:
@@ -136,9 +140,9 @@ class Guard:
             metrics["_nonfinite"] = what
         return metrics
 
-    def raise_if_stop(self, step: int, what: str | None) -> None:
+    def raise_if_stop(self, step: int, what: str | None, skip: str = SKIP_REPLICA) -> None:
         if what and self.policy == "stop":
-            raise Diverged(diverged_message(self.rank, step, what, self.lr))
+            raise Diverged(diverged_message(self.rank, step, what, self.lr, skip))
 
     # -- skip: snapshots and the healthy count ----------------------------------------
     def snapshot(self, learner) -> None:
@@ -239,7 +243,7 @@ def guard_sharded(ctx, guard: Guard, step: int, metrics: dict):
     Returns True when the optimizer step is skipped on every rank (policy skip, some rank
     non-finite); raises Diverged (stop) or AllExcluded (every rank)."""
     what = metrics.pop("_nonfinite", None)
-    guard.raise_if_stop(step, what)
+    guard.raise_if_stop(step, what, SKIP_SHARDED)
     if guard.policy != "skip":
         return False
     scale = yield from guard.healthy_count(ctx, bool(what), step, "ranks had non-finite gradients",

@@ -101,6 +101,7 @@ def test_fsdp_stop_names_the_rank_and_skip_drops_the_step_on_every_rank(tmp_path
     assert p.returncode == 2 and len(lines) == 1 and "Traceback" not in p.stderr, p.stderr[-3000:]
     assert lines[0].startswith("error: rank 1 diverged at step 3: non-finite gradient (training.lr=0.003); "
                                "stopped before it was shared"), lines
+    assert "'skip' drops the step on every rank)" in lines[0], lines  # what skip does under fsdp
     assert "the other ranks stopped (last complete checkpoint: step 2" in lines[0]
     assert ckpt.newest_complete(out, 2) == 2 and not (out / "report.json").exists()
 
