@@ -25,6 +25,9 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+JITTER_CV_MAX = 2.0  # the widest compute spread a profile may give (calibrate caps what it measures)
+
+
 class DeviceProfile(_Strict):
     kind: Literal["device"] = "device"
     name: str
@@ -36,7 +39,7 @@ class DeviceProfile(_Strict):
     # a random factor (lognormal, mean 1) with this coefficient of variation. Ranks that
     # jitter independently wait for each other at every collective; 0 keeps every rank
     # identical and steady. `oresearcher.calibrate` measures it.
-    compute_jitter_cv: float = Field(0.0, ge=0, le=2, description="std/mean of a Compute op's duration")
+    compute_jitter_cv: float = Field(0.0, ge=0, le=JITTER_CV_MAX, description="std/mean of a Compute op's duration")
     # Slowness on a shared host persists: a rank slowed by a neighbour stays slow for a
     # few steps, so ranks drift apart between periodic averagings faster than independent
     # draws allow. With rho > 0 a rank's factor is drawn once per step (every Compute op

@@ -46,3 +46,21 @@ def test_write_profile_takes_the_record_end_to_end(tmp_path):
     assert (dev.name, fab.name) == ("cpu-cal", "gloo-cal") and fab.bandwidth == pytest.approx(fit.bandwidth_Bps)
     assert dev.flops_per_s("fp32") == pytest.approx(2e9 / 0.1)
     assert "ddp program declares 2e+09 FLOP" in (tmp_path / "p.yaml").read_text()
+
+
+def test_a_host_too_busy_to_describe_is_capped_at_the_profiles_bound_and_still_loads(tmp_path):
+    """A measured spread beyond what a device profile accepts (compute_jitter_cv <= 2) is
+    written as the bound, said in the profile's comment, and the profile loads."""
+    from oresearcher.calibration.jitter import op_jitter_cv, own_slowness, pooled_cv
+    from oresearcher.sim.hardware import JITTER_CV_MAX, load_profile_file
+
+    spiky = [0.01] * 19 + [5.0]  # one stall of 500x in twenty steps, on one rank only
+    steps = [spiky, [0.01] * 20]
+    m = record(step_seconds_per_rank=steps, compute_step_s_mean=0.05, op_flops=[[1e9, 1e9]] * 20)
+    raw = op_jitter_cv(pooled_cv(own_slowness(steps)), m.op_flops, compute_rate(m, jitter=True), m.host_overhead_s)
+    assert raw > JITTER_CV_MAX  # the measurement itself is past the bound
+    assert device_doc("d", m, 1e9, jitter=True)["compute_jitter_cv"] == JITTER_CV_MAX
+    write_profile(tmp_path / "p.yaml", m, "cpu-cal", "gloo-cal", jitter=True)
+    dev, _ = load_profile_file(tmp_path / "p.yaml")
+    assert dev.compute_jitter_cv == JITTER_CV_MAX
+    assert f"capped at {JITTER_CV_MAX:g}" in (tmp_path / "p.yaml").read_text()

@@ -8,6 +8,8 @@ import time
 
 import yaml
 
+from sim.hardware import JITTER_CV_MAX
+
 from ..errors import UserError
 from .fabric_fit import GB, US, FabricFit
 from .jitter import op_jitter_cv, own_slowness, persistence_rho, pooled_cv
@@ -41,8 +43,9 @@ def jitter_fit(m: Measurement) -> tuple[float, float]:
     step_cv = pooled_cv(own)
     rho = persistence_rho(own, int(m.sync_period)) if step_cv > 0 else 0.0
     if rho > 0:
-        return step_cv, rho
-    return op_jitter_cv(step_cv, m.op_flops, compute_rate(m, jitter=True), m.host_overhead_s), 0.0
+        return min(step_cv, JITTER_CV_MAX), rho
+    cv = op_jitter_cv(step_cv, m.op_flops, compute_rate(m, jitter=True), m.host_overhead_s)
+    return min(cv, JITTER_CV_MAX), 0.0  # a busier host than a profile can describe: capped, and said
 
 def device_doc(name: str, m: Measurement, memory_bytes: float, jitter: bool = False) -> dict:
     """The device profile: achieved FLOP/s per rank with every rank computing at once,
@@ -91,7 +94,9 @@ def profile_text(device: dict, fabric: dict, m: Measurement, errors: list[dict])
         f"# compute jitter: per-step spread pooled over ranks {pooled_cv(steps):.3f}, "
         f"not shared with the other ranks {pooled_cv(own_slowness(steps)):.3f}"
         f" -> compute_jitter_cv {device.get('compute_jitter_cv', 0.0):.3f} per "
-        + ("step" if device.get("compute_jitter_rho") else "Compute op") + "; "
+        + ("step" if device.get("compute_jitter_rho") else "Compute op")
+        + (f" (capped at {JITTER_CV_MAX:g}: this host was too busy to calibrate faithfully)"
+           if device.get("compute_jitter_cv", 0.0) >= JITTER_CV_MAX else "") + "; "
         + (f"persistence over the program's {m.sync_period}-step averaging period -> "
            f"compute_jitter_rho {device.get('compute_jitter_rho', 0.0):.3f}."
            if m.sync_period > 1 else "the program synchronises every step: no persistence to fit."),
