@@ -13,6 +13,10 @@ Definitions (per step, averaged over steps; "mean" is over ranks):
   or not the rank was waiting for them. Overlapped communication counts here.
 - ``exposed_comm_time_s``: mean time a rank was blocked on communication (a blocking
   collective, a Wait, a Recv) and so not computing: the part overlap did not hide.
+  Both this and ``comm_time_s`` include waiting for slower peers. On the real backend a
+  blocked rank's time also holds the host work around the collective (the payload copied
+  in, the result divided or unpacked after the wire work completed), so exposed can be
+  larger than in flight there; in the simulator it never is.
 - ``comm_overhead``: ``exposed_comm_time_s / step_time_s``.
 - ``wire_bytes_per_step``: mean bytes one rank sent on the network per step (what the
   collective algorithm moves, not the payload size).
