@@ -16,7 +16,7 @@ Definitions (per step, averaged over steps; "mean" is over ranks):
   Both this and ``comm_time_s`` include waiting for slower peers. On the real backend a
   blocked rank's time also holds the host work around the collective (the payload copied
   in, the result divided or unpacked after the wire work completed), so exposed can be
-  larger than in flight there; in the simulator it never is.
+  larger than in flight there (the simulator charges no such host work).
 - ``comm_overhead``: ``exposed_comm_time_s / step_time_s``.
 - ``wire_bytes_per_step``: mean bytes one rank sent on the network per step (what the
   collective algorithm moves, not the payload size).
