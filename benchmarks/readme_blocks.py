@@ -250,6 +250,83 @@ def codec_accuracy() -> str:
     return "\n".join(rows) + "\n"
 
 
+DISTILL = ("python -m oresearcher.sim scenarios/8xA100.yaml --set training.steps=200 --set distill.student=gpt-125m "
+           "--set distill.steps=100")
+
+
+def sim_distill() -> str:
+    """The shape-mode price of distilling the reference cluster: training, then the student's steps."""
+    r = _report(DISTILL)
+    trained = max(ms[-1]["time_s"] for ms in r["metrics"].values() if ms)  # the last training step ends
+    distill = r["total_time_s"] - trained
+    n = r["scenario"]["distill"]["steps"]
+    text = ("In shape mode the simulator prices distilling a language-model cluster (the teachers run forward on "
+            f"the fly; a token stream cannot be precomputed): `{DISTILL}` predicts {trained:.1f} s of cooperative "
+            f"training, then {distill:.1f} s of distillation, {distill / n:.2f} s a step, nearly all of it every "
+            "rank running the eight gpt-1.3b teachers forward on its micro batch.")
+    return textwrap.fill(text, 88, break_on_hyphens=False) + "\n"
+
+
+def budget_8xa100() -> str:
+    """bench_budget.py's 8xA100 cost table (shape mode: no seeds, no clock)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from bench_budget import configs, cost_row
+
+    steps = 200
+    rows = [f"| 8xA100, shape mode, {steps} steps | step time | exposed | waiting | overhead | wire bytes / step |",
+            "|---|---|---|---|---|---|"]
+    for name, sets in configs(0.083):
+        c = cost_row(sets, steps)
+        ovh = f"{c['overhead']:.2%}"
+        shown = name + (" (the reference)" if name == "share every 1" else "")
+        rows.append(f"| {shown} | " + " | ".join(f"{1e3 * c[k]:,.1f} ms" for k in ("step_s", "exposed_s", "wait_s"))
+                    + f" | {f'**{ovh}**' if name.startswith('controller') else ovh} | {c['bytes'] / 1e9:.3f} GB |")
+    return "\n".join(rows) + "\n"
+
+
+def budget_digits() -> str:
+    """bench_budget.py's digits-4 tables (numeric mode, seeds 0-2), SWA and SAM side by side;
+    rows whose cells are equal share a line."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from bench_budget import configs, quality_row
+
+    cells = {}
+    for name, sets in configs(0.083):
+        row = []
+        for method in ("swa", "sam"):
+            q = quality_row(sets + [f"cooperation.roles.optimizer_method={method}"], [0, 1, 2])
+            row += [f"{q['acc']:.4f} +- {q['acc_sd']:.4f}", f"{q['overhead']:.2%}", f"{q['bytes'] / 1e3:,.1f} kB"]
+        cells[name] = row
+    merged: list[list] = []
+    for name, row in cells.items():
+        if merged and merged[-1][1] == row and name.startswith("share every"):
+            merged[-1][0] += " / " + name.removeprefix("share every ")
+        else:
+            merged.append([name, row])
+    rows = ["| digits-4 | SWA: test accuracy | overhead | wire bytes / step | SAM: test accuracy | overhead | "
+            "wire bytes / step |", "|---|---|---|---|---|---|---|"]
+    return "\n".join(rows + [f"| {n} | " + " | ".join(r) + " |" for n, r in merged]) + "\n"
+
+
+def faults_checkpoint() -> str:
+    return session("python benchmarks/bench_faults.py", columns=88)
+
+
+def fsdp_published() -> str:
+    return session("python benchmarks/bench_fsdp_published.py", columns=200)
+
+
+def sim_finance() -> str:
+    """The finance simulation's headline rows, each agent's final accuracy and the deployable model."""
+    cmd = "python -m oresearcher.sim scenarios/finance.yaml"
+    out = run(cmd, columns=100).splitlines()
+    head = [ln for ln in out if ln.lstrip().startswith("finance:")
+            or any(ln.startswith(f"│ {k}") for k in ("step time", "compute time", "communication overhead"))]
+    start = next(i for i, ln in enumerate(out) if "┃ agent" in ln) - 1
+    end = next(i for i, ln in enumerate(out) if ln.startswith("deployable model:"))
+    return fence(f"$ {cmd}      (trimmed)\n" + "\n".join(head + out[start:end + 1]))
+
+
 BLOCKS = [
     Block("sim-8xA100", "python -m oresearcher.sim scenarios/8xA100.yaml", sim_8xa100,
           images={"runs/8xA100/timeline.png": "docs/img/8xA100-timeline.png"}),
@@ -271,6 +348,11 @@ BLOCKS = [
     Block("roofline-h200", "python benchmarks/bench_roofline.py --no-cpu", roofline_h200, quick=False),
     Block("codec-accuracy", "python benchmarks/bench_codecs.py --accuracy-only --seeds 5", codec_accuracy,
           quick=False),
+    Block("sim-distill", "python -m oresearcher.sim scenarios/8xA100.yaml ... --set distill.student=gpt-125m",
+          sim_distill, quick=False),
+    Block("budget-8xA100", "python benchmarks/bench_budget.py (the 8xA100 table)", budget_8xa100, quick=False),
+    Block("budget-digits", "python benchmarks/bench_budget.py (the digits-4 tables)", budget_digits, quick=False),
+    Block("faults-checkpoint", "python benchmarks/bench_faults.py", faults_checkpoint, quick=False),
+    Block("fsdp-published", "python benchmarks/bench_fsdp_published.py", fsdp_published, quick=False),
+    Block("sim-finance", "python -m oresearcher.sim scenarios/finance.yaml", sim_finance, quick=False),
 ]
-
-

@@ -21,8 +21,10 @@ the file (by hand, at the same time) survive. A block marked non-quick takes min
 ``images`` also copy the figure the run drew into docs/img/ (not in ``--check``).
 
 Figures that are wall-clock measurements of this machine (codec speeds, simulator speed,
-sim-to-real, the cooperation/privacy/replay/finance benchmarks) move from run to run and
-are not regenerated here; the README names the command beside each of them.
+sim-to-real, real gloo runs' step times, privacy/replay timings) move from run to run, and
+the multi-minute accuracy benchmarks (cooperation, finance) are left to
+their own commands; neither is regenerated here, and the README names the command beside
+each of them.
 """
 from __future__ import annotations
 
