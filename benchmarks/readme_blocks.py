@@ -327,6 +327,34 @@ def sim_finance() -> str:
     return fence(f"$ {cmd}      (trimmed)\n" + "\n".join(head + out[start:end + 1]))
 
 
+PRIVACY = ("python -m oresearcher.sim scenarios/digits-4.yaml --set cooperation.privacy.enabled=true "
+           "--set cooperation.privacy.target_epsilon=3")
+PRIVACY_PY = ("python -c \"import json; r = json.load(open('runs/digits-4/report.json')); "
+              "print([(round(r['metrics'][a][-1]['epsilon'], 3), round(r['metrics'][a][-1]['test_accuracy'], 3)) "
+              "for a in '0123'])\"")
+
+
+def sim_privacy() -> str:
+    """A private digits-4 simulation: the report's privacy line, then each agent's epsilon and accuracy."""
+    spent = [ln for ln in run(PRIVACY, columns=120).splitlines() if ln.startswith("privacy:")]
+    per_agent = run(PRIVACY_PY)  # reads the report the run above just wrote
+    shown = PRIVACY.replace(" --set cooperation.privacy.target", " \\\n      --set cooperation.privacy.target")
+    py = PRIVACY_PY.replace(" print(", " \\\n      print(")
+    return fence(f"$ {shown}      (trimmed)\n" + "\n".join(spent) + f"\n$ {py}\n{per_agent}")
+
+
+def sim_alloc() -> str:
+    cmd = "python -m oresearcher.sim scenarios/alloc-8on4.yaml"
+    out = run(cmd, columns=100).splitlines()
+    at = next(i for i, ln in enumerate(out) if "alloc-8on4:" in ln)
+    if out[at + 1].strip() == "steps":  # the title wraps at the table's width
+        out[at:at + 2] = [out[at].rstrip() + " steps"]
+    keep = [ln for ln in out if "alloc-8on4:" in ln or ln.startswith(("│ step time", "│ compute time",
+                                                                      "│ communication time", "│   of which",
+                                                                      "│ stats_gather"))]
+    return fence("\n".join(keep))
+
+
 BLOCKS = [
     Block("sim-8xA100", "python -m oresearcher.sim scenarios/8xA100.yaml", sim_8xa100,
           images={"runs/8xA100/timeline.png": "docs/img/8xA100-timeline.png"}),
@@ -355,4 +383,7 @@ BLOCKS = [
     Block("faults-checkpoint", "python benchmarks/bench_faults.py", faults_checkpoint, quick=False),
     Block("fsdp-published", "python benchmarks/bench_fsdp_published.py", fsdp_published, quick=False),
     Block("sim-finance", "python -m oresearcher.sim scenarios/finance.yaml", sim_finance, quick=False),
+    Block("sim-privacy", "python -m oresearcher.sim scenarios/digits-4.yaml --set cooperation.privacy...",
+          sim_privacy, quick=False),
+    Block("sim-alloc", "python -m oresearcher.sim scenarios/alloc-8on4.yaml", sim_alloc, quick=False),
 ]

@@ -20,9 +20,9 @@ the file (by hand, at the same time) survive. A block marked non-quick takes min
 (``--list`` says which); ``--check`` without ``--quick`` runs them too. Blocks with
 ``images`` also copy the figure the run drew into docs/img/ (not in ``--check``).
 
-Figures that are wall-clock measurements of this machine (codec speeds, simulator speed,
-sim-to-real, real gloo runs' step times, privacy/replay timings) move from run to run, and
-the multi-minute accuracy benchmarks (cooperation, finance) are left to
+Figures that are wall-clock measurements of this machine (codec, simulator and replay
+speeds, sim-to-real, bench_gpu, the outputs of real gloo runs) move from run to run, and
+the multi-minute accuracy benchmarks (cooperation, privacy, replay, finance) are left to
 their own commands; neither is regenerated here, and the README names the command beside
 each of them.
 """
