@@ -7,68 +7,19 @@ output to what the README shows.
 """
 from __future__ import annotations
 
-import functools
 import json
-import os
 import re
-import shlex
-import subprocess
 import sys
 import tempfile
 import textwrap
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
-ROOT = Path(__file__).resolve().parents[1]
-COLUMNS = 100
-
-
-@dataclass
-class Block:
-    name: str
-    command: str  # what the README says prints it
-    generate: Callable[[], str]  # the text between the markers
-    quick: bool = True
-    images: dict = field(default_factory=dict)  # file a run wrote -> README image path
-
-
-# ---- running things ---------------------------------------------------------------------
-@functools.lru_cache(maxsize=None)
-def run(cmd: str, cwd: Path = ROOT, stderr: bool = False, ok=(0,), columns: int = COLUMNS) -> str:
-    """Run ``cmd`` as the README shows it (python = this interpreter); its stdout (and
-    stderr after it, with ``stderr``), trailing spaces stripped. Once per process: two
-    blocks made from one run share it."""
-    argv = shlex.split(cmd)
-    if argv[0] == "python":
-        argv[0] = sys.executable
-    env = dict(os.environ, COLUMNS=str(columns), OMP_NUM_THREADS="1", PYTHONHASHSEED="0")
-    env.pop("FORCE_COLOR", None)
-    p = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True)
-    if p.returncode not in ok:
-        raise RuntimeError(f"{cmd}: exit {p.returncode}\n{p.stderr[-2000:]}")
-    text = p.stdout + (p.stderr if stderr else "")
-    return "\n".join(line.rstrip() for line in text.splitlines())
-
-
-def fence(text: str) -> str:
-    return f"```\n{text.strip(chr(10))}\n```\n"
-
-
-def session(*commands: str, **kw) -> str:
-    """A terminal session: ``$ command`` then what it printed, for each command."""
-    return fence("\n".join(f"$ {c}\n{run(c, **kw)}" for c in commands))
+from readme_run import ROOT, Block, _report, fence, run, session  # noqa: F401 (Block: readme_figures)
 
 
 # ---- the generators ---------------------------------------------------------------------
 def sim_8xa100() -> str:
     return session("python -m oresearcher.sim scenarios/8xA100.yaml")
-
-
-def _report(cmd: str) -> dict:
-    with tempfile.TemporaryDirectory() as tmp:
-        run(f"{cmd} --out {tmp}")
-        return json.loads((Path(tmp) / "report.json").read_text())
 
 
 def sim_8xa100_text() -> str:
@@ -355,6 +306,19 @@ def sim_alloc() -> str:
     return fence("\n".join(keep))
 
 
+DIVERGE = "python -m oresearcher.sim cpu-tiny --mode numeric --set training.lr=10 --set workload.optimizer=sgd"
+
+
+def sim_divergence() -> str:
+    """The one line each divergence policy ends a run with (exit 2)."""
+    lines = [f"$ {DIVERGE}"]
+    for extra, shown in (("", None), (" --set training.on_divergence=skip", "$ ... --set training.on_divergence=skip")):
+        if shown:
+            lines.append(shown)
+        lines += [ln for ln in run(DIVERGE + extra, stderr=True, ok=(2,)).splitlines() if ln.startswith("error:")]
+    return fence("\n".join(lines))
+
+
 BLOCKS = [
     Block("sim-8xA100", "python -m oresearcher.sim scenarios/8xA100.yaml", sim_8xa100,
           images={"runs/8xA100/timeline.png": "docs/img/8xA100-timeline.png"}),
@@ -386,4 +350,5 @@ BLOCKS = [
     Block("sim-privacy", "python -m oresearcher.sim scenarios/digits-4.yaml --set cooperation.privacy...",
           sim_privacy, quick=False),
     Block("sim-alloc", "python -m oresearcher.sim scenarios/alloc-8on4.yaml", sim_alloc, quick=False),
+    Block("sim-divergence", DIVERGE + " (stop, then skip)", sim_divergence, quick=False),
 ]
