@@ -37,8 +37,13 @@ def main(scenario_path: str, out: str, *overrides: str) -> None:
         del learner
         gc.collect()
         peaks[reshard] = mem.peak_bytes
+    write_gathered(peaks, out, denv)
+
+
+def write_gathered(mine, out, denv) -> None:
+    """Every rank's ``mine`` in rank order, written as JSON by rank 0; then the group ends."""
     held = [None] * denv.world_size
-    dist.all_gather_object(held, peaks)
+    dist.all_gather_object(held, mine)
     if denv.rank == 0:
         with open(out, "w") as f:
             json.dump(held, f)

@@ -9,13 +9,13 @@ forward/backward is compute, FSDP's copies and hooks. Rank 0 writes every rank's
 """
 from __future__ import annotations
 
-import json
 import sys
 import time
 from collections import defaultdict
 
 import torch.distributed as dist
 
+from bk_fsdp_memory import write_gathered
 from oresearcher.backends.fsdp import make_learner
 from oresearcher.backends.launcher import from_environ
 from oresearcher.backends.worker import finish_rank, init_process_group
@@ -60,13 +60,7 @@ def main(scenario_path: str, out: str, *overrides: str) -> None:
     mine = {"forward_backward": fb, "optimizer": opt, **SPENT}
     mine = {k: 1e3 * v / STEPS for k, v in mine.items()}
     mine["compute"] = mine["forward_backward"] - sum(SPENT.values()) * 1e3 / STEPS
-    held = [None] * denv.world_size
-    dist.all_gather_object(held, mine)
-    if denv.rank == 0:
-        with open(out, "w") as f:
-            json.dump(held, f)
-    dist.barrier()
-    dist.destroy_process_group()
+    write_gathered(mine, out, denv)
 
 
 if __name__ == "__main__":
