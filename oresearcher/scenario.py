@@ -25,6 +25,7 @@ from .cooperation.spec import CooperationSpec, DistillSpec
 from .errors import UserError, short
 from .fault_spec import FaultsSpec
 from .scenario_cluster import ClusterSpec, check_profiles
+from .scenario_fsdp import check_fsdp, check_role_mix
 from .tasks.finance_spec import FinanceSpec
 from .scenario_types import (  # noqa: F401 (MB, SLUG, strategy_alias_error: part of this module's API)
     ALGORITHMS, MAX_BATCH, MAX_SEED, MAX_SEQ, MAX_STEPS, MAX_WORLD, MB, SLUG, STRATEGIES, CodecField, Float, Int, Name,
@@ -89,11 +90,7 @@ class AgentsSpec(Strict):
         return w
 
     @model_validator(mode="after")
-    def _roles_add_up(self):
-        if self.roles is not None:
-            total = self.roles.explorer + self.roles.optimizer + self.roles.validator
-            if total != self.count:
-                raise ValueError(f"roles add up to {total}, agents.count is {self.count}")
+    def _architectures_fit(self):  # the role mix is checked by Scenario (sharded agents count shard groups)
         if self.architectures and len(self.architectures) != self.count:
             raise ValueError(f"{len(self.architectures)} architectures for {self.count} agents")
         return self
@@ -246,21 +243,9 @@ class Scenario(Strict):
         return self
 
     @model_validator(mode="after")
-    def _fsdp_shards(self):
-        if self.training.strategy != "fsdp":
-            return self
-        if self.workload.task != "synthetic-lm":
-            raise ValueError(f"training.strategy fsdp shards transformer blocks: it needs workload.task "
-                             f"synthetic-lm (got {self.workload.task})")
-        if self.simulation.mode == "numeric":
-            raise ValueError("training.strategy fsdp is simulated in shape mode (sizes, no math); "
-                             "set simulation.mode to auto or shape")
-        size = self.fsdp.group_size(self.agents.count)
-        if self.agents.count % size:
-            raise ValueError(f"fsdp.shard_group_size={size} does not divide agents.count={self.agents.count}")
-        if self.fsdp.replicas == "fusion" and size == self.agents.count:
-            raise ValueError("fsdp.replicas fusion needs more than one sharded agent: set fsdp.shard_group_size "
-                             "below agents.count")
+    def _fsdp_and_role_mix(self):
+        check_fsdp(self)  # oresearcher.scenario_fsdp
+        check_role_mix(self)
         return self
 
     @model_validator(mode="after")

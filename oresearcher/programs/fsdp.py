@@ -25,7 +25,10 @@ With ``fsdp.replicas: fusion`` the shard groups are independent *agents*: no gra
 all-reduce across them; every ``communication.interval`` steps they fuse shard by shard
 (:mod:`oresearcher.cooperation.sharded_fusion`, the attention-weighted round of
 :mod:`oresearcher.cooperation.fusion` without full copies), each agent's reliability exp(-loss) from
-its ranks' mean training loss at that step (the per-token likelihood, in (0, 1]).
+its ranks' mean training loss at that step (the per-token likelihood, in (0, 1]). With
+``agents.roles`` the agents keep roles (:mod:`oresearcher.cooperation.sharded_roles`): an
+explorer's lr is scaled and its shards noised after each round, an optimizer's SAM step runs
+the schedule twice (the other agents wait for it at the round), a validator trains plainly.
 
 Payload dtypes follow the mixed-precision policy: all-gathers in the compute dtype
 (``workload.dtype``), reduce-scatters in ``fsdp.reduce_dtype`` (fp32 or the compute dtype).
@@ -45,6 +48,7 @@ import torch
 from ..errors import UserError
 from ..ops import AllGather, AllReduce, Compute, ReduceScatter, StepDone, Wait
 from ..cooperation.sharded_fusion import fuse_sharded
+from ..cooperation.sharded_roles import OnBatch, RoleStep
 from ..divergence import Guard, guard_sharded, sharded_forward_backward
 from ..sharding import scenario_plan, shard_groups
 from .learner import DTYPES
@@ -57,11 +61,18 @@ def fsdp(ctx, learner):
         return
     sched = Schedule.build(ctx)
     fusion = FusionRound.build(ctx)
+    role = RoleStep.build(ctx, sched.shard) if fusion is not None else None
+    numel = sched.local_shard().numel()
     for step in range(ctx.start_step, ctx.steps):
-        yield from sched.step()
+        if role is None:
+            yield from sched.step()
+        else:  # a SAM agent runs the schedule twice
+            yield from role.train(sched.step, numel)
         yield Compute(learner.optimizer_step, name="optimizer")
         if fusion is not None and fusion.due(step):
-            yield from fusion.run(sched.local_shard(), None)
+            fused = yield from fusion.run(sched.local_shard(), None)
+            if role is not None:
+                yield from role.after_fusion(fused, fusion.round(step))
         ctx.mark_boundary(step)
         yield StepDone(step, {})
 
@@ -73,14 +84,27 @@ def _delegated(ctx, learner):
                          f"got {type(learner).__name__}")
     flops = learner.fwd_flops + learner.bwd_flops
     fusion = FusionRound.build(ctx)
+    role = RoleStep.build(ctx, fusion.shard) if fusion is not None else None
+    if role is not None:
+        role.set_lr(learner, ctx.scenario.training.lr)
     guard = Guard.for_context(ctx)  # training.on_divergence (oresearcher.divergence)
     for step in range(ctx.start_step, ctx.steps):
-        metrics = yield Compute(sharded_forward_backward, learner, flops=flops, name="fsdp_forward_backward")
+        if role is None:
+            metrics = yield Compute(sharded_forward_backward, learner, flops=flops, name="fsdp_forward_backward")
+        else:
+            batch = yield Compute(next, learner.batches, name="batch")
+            fixed = OnBatch(learner, batch)
+
+            def one_pass():
+                return (yield Compute(sharded_forward_backward, fixed, flops=flops, name="fsdp_forward_backward"))
+            metrics = yield from role.train(one_pass, learner.numel, learner)
         if not (yield from guard_sharded(ctx, guard, step, metrics)):
             yield Compute(learner.optimizer_step, name="optimizer")
         if fusion is not None and fusion.due(step):
             flat = yield Compute(learner.local_flat, name="pack")
             fused = yield from fusion.run(flat, metrics.get("loss"))
+            if role is not None:
+                fused = yield from role.after_fusion(fused, fusion.round(step))
             yield Compute(learner.set_local_flat, fused, name="unpack")
         if ctx.should_eval(step):
             metrics.update((yield Compute(learner.evaluate, name="evaluate")))
@@ -232,6 +256,10 @@ class FusionRound:
 
     def due(self, step: int) -> bool:
         return (step + 1) % self.interval == 0
+
+    def round(self, step: int) -> int:
+        """The number of the round ``step`` ends (1, 2, ...)."""
+        return (step + 1) // self.interval
 
     def run(self, flat: torch.Tensor, loss):
         """Fuse this rank's flat shard; ``loss``: its training loss (None in shape mode)."""
