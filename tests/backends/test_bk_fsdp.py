@@ -5,7 +5,7 @@ rank is within 10% of the measured peak.
 Each gloo run costs ~10 s here (rank start-up dominates): two 20-step runs (2 ranks
 ZeRO-3; 4 ranks ZeRO-2 as HSDP 2 x 2), a same-size resume, a 4 -> 2 resume through the
 CLI, a 4 -> 2 load-and-save that is compared tensor by tensor, a memory run and an
-8-step run of sharded agents (its resume only with ORESEARCHER_SLOW_TESTS=1).
+8-step run of sharded agents with roles (its resume only with ORESEARCHER_SLOW_TESTS=1).
 """
 from __future__ import annotations
 
@@ -178,33 +178,75 @@ def test_nccl_bf16_run_on_one_gpu(tmp_path, child_env):
     assert got[0][-1] < 0.7 * got[0][0]
 
 
-def reference_sharded_agents(world, size, interval, steps):
+ROLES = {"explorer_lr_scale": 2.0, "explorer_noise": 0.01, "sam_rho": 0.05}
+
+
+def _shard(model, size, s):
+    """Shard s of ``size`` of every parameter, flat: FSDP2 splits dim 0 as torch.chunk does."""
+    parts = [p.detach().chunk(size, dim=0) for p in model.parameters()]
+    return torch.cat([c[s].reshape(-1) if s < len(c) else c[0].new_empty(0) for c in parts])
+
+
+@torch.no_grad()
+def _set_shard(model, size, s, flat):
+    offset = 0
+    for p in model.parameters():
+        c = p.chunk(size, dim=0)
+        if s < len(c):
+            c[s].copy_(flat[offset:offset + c[s].numel()].view_as(c[s]))
+            offset += c[s].numel()
+
+
+def _agent_grad(model, batches, size):
+    """Backward of the agent's mean loss over its ranks' batches (= what FSDP2 averages)."""
+    for q in model.parameters():
+        q.grad = None
+    losses = [lm_loss(model(b[:, :-1]), b[:, 1:]) for b in batches]
+    (sum(losses) / size).backward()
+    return losses
+
+
+def reference_sharded_agents(world, size, interval, steps, roles, seed_of_noise):
     """world/size agents, each data parallel over its ranks' batches with its own AdamW,
     fused every ``interval`` steps by oresearcher.cooperation.fusion (attention weights from exp(-the
-    agent's mean loss at that step)): the per-rank losses an fsdp run with
-    ``fsdp.replicas: fusion`` must reproduce."""
+    agent's mean loss at that step)), with ``roles``: the explorer at lr x 2 and, after each
+    round, noised shard by shard (each shard's own generator and RMS), the optimizer by SAM
+    over its whole gradient: the per-rank losses an fsdp run with ``fsdp.replicas: fusion``
+    and ``agents.roles`` must reproduce."""
     from oresearcher.cooperation.fusion import fuse, group_weights
+    from oresearcher.cooperation.roles import param_noise
 
     data = yaml.safe_load(SCENARIO.read_text())
     w, t, f = data["workload"], data["training"], {"temperature": 0.1, "similarity_weight": 0.5}
     models, opts = [], []
-    for _ in range(world // size):
+    for role in roles:
         torch.manual_seed(data["seed"])
         models.append(build_model(w["model"], device="cpu", dtype=torch.float32))
-        opts.append(torch.optim.AdamW(models[-1].parameters(), lr=t["lr"]))
+        lr = t["lr"] * (ROLES["explorer_lr_scale"] if role == "explorer" else 1.0)
+        opts.append(torch.optim.AdamW(models[-1].parameters(), lr=lr))
     streams = [TokenStream(PRESETS[w["model"]].vocab_size, w["global_batch"] // world, w["seq_len"], data["seed"], r)
                for r in range(world)]
     out = [[] for _ in range(world)]
     for step in range(steps):
         agent_loss = []
         for a, (model, opt) in enumerate(zip(models, opts)):
-            opt.zero_grad()
             ranks = range(a * size, (a + 1) * size)
-            losses = [lm_loss(model(b[:, :-1]), b[:, 1:]) for b in (next(streams[r]) for r in ranks)]
+            batches = [next(streams[r]) for r in ranks]
+            losses = _agent_grad(model, batches, size)
+            if roles[a] == "optimizer":  # SAM: ascend along g/||g||, the gradient there, step from w
+                params = list(model.parameters())
+                norm = torch.sqrt(sum(q.grad.double().pow(2).sum() for q in params))
+                saved = [q.detach().clone() for q in params]
+                with torch.no_grad():
+                    for q in params:
+                        q.add_(q.grad, alpha=ROLES["sam_rho"] / (float(norm) + 1e-12))
+                _agent_grad(model, batches, size)
+                with torch.no_grad():
+                    for q, x in zip(params, saved):
+                        q.copy_(x)
+            opt.step()
             for r, loss in zip(ranks, losses):
                 out[r].append(loss.item())
-            (sum(losses) / size).backward()
-            opt.step()
             agent_loss.append(sum(x.item() for x in losses) / size)
         if (step + 1) % interval == 0:
             flat = torch.stack([torch.nn.utils.parameters_to_vector(m.parameters()).detach() for m in models])
@@ -212,31 +254,46 @@ def reference_sharded_agents(world, size, interval, steps):
                                     torch.zeros(len(models), dtype=torch.bool), **f)
             for a, m in enumerate(models):
                 torch.nn.utils.vector_to_parameters(fuse(flat, weights[a]), m.parameters())
+                if roles[a] == "explorer":
+                    for s in range(size):
+                        noisy = param_noise(_shard(m, size, s), ROLES["explorer_noise"],
+                                            seed_of_noise((step + 1) // interval, a * size + s))
+                        _set_shard(m, size, s, noisy)
     return out
 
 
-def test_sharded_agents_fuse_shard_by_shard_as_one_process_fuses_whole_models(tmp_path, child_env):
-    """... and, with ORESEARCHER_SLOW_TESTS=1, resume exactly from their per-agent DCP folders."""
+def test_sharded_agents_with_roles_fuse_shard_by_shard_as_one_process_fuses_whole_models(tmp_path, child_env):
+    """2 sharded agents x 2 ranks, an explorer and a SAM optimizer; with
+    ORESEARCHER_SLOW_TESTS=1 also an exact resume from their per-agent DCP folders."""
+    from oresearcher.cooperation.sharded_roles import noise_generator
+
     world, size, interval, steps = 4, 2, 3, 8
     data = yaml.safe_load(SCENARIO.read_text())
+    data["agents"] = {**data["agents"], "roles": {"explorer": 1, "optimizer": 1, "validator": 0}}
     data["training"] = {**data["training"], "steps": steps, "checkpoint_every": 4}
     data["fsdp"] = {**data["fsdp"], "shard_group_size": size, "replicas": "fusion"}
     data["communication"] = {**data.get("communication", {}), "interval": interval}
-    data["cooperation"] = {"fusion": {"method": "attention", "temperature": 0.1, "similarity_weight": 0.5}}
+    data["cooperation"] = {"fusion": {"method": "attention", "temperature": 0.1, "similarity_weight": 0.5},
+                           "roles": {"policy": "static", "optimizer_method": "sam", **ROLES}}
     sc = tmp_path / "s.yaml"
     sc.write_text(yaml.safe_dump(data))
     out = tmp_path / "run"
     _run(["--scenario", str(sc), "--out", str(out)], child_env)
-    _, got = _losses(out, world)
-    want = reference_sharded_agents(world, size, interval, steps)
+    rep, got = _losses(out, world)
+    want = reference_sharded_agents(world, size, interval, steps, ["explorer", "optimizer"],
+                                    lambda rnd, rank: noise_generator(data["seed"], rnd, rank))
     worst = max(abs(a - b) / b for g, w in zip(got, want) for a, b in zip(g, w))
-    print(f"2 sharded agents x 2 ranks, fused every {interval} steps: worst relative loss difference {worst:.2e}")
+    print(f"2 sharded agents x 2 ranks (explorer, SAM optimizer), fused every {interval} steps: "
+          f"worst relative loss difference {worst:.2e}")
     assert worst < 1e-4
     assert got[0][interval] != got[2][interval]  # the agents stay distinct (attention, not averaging)
+    sam = [m.get("sam_loss") for m in rep["metrics"]["2"]]  # the optimizer's second pass, at w + e
+    assert all(x is not None for x in sam) and "sam_loss" not in rep["metrics"]["0"][0]
     if os.environ.get("ORESEARCHER_SLOW_TESTS") != "1":
         return  # one more gloo run (~15 s): the same worker path as the exact resume above
 
-    # each agent checkpoints its own DCP folder; a resume from step 3 (mid-period) is exact
+    # each agent checkpoints its own DCP folder; a resume from step 3 (mid-period) is exact:
+    # the roles keep no state (the explorer's noise is seeded by round and rank)
     cut = tmp_path / "cut"
     shutil.copytree(out, cut)
     shutil.rmtree(ckpt.step_dir(cut, 7))
