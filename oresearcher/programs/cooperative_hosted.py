@@ -12,11 +12,19 @@ k agents, N = k * M in all (:mod:`oresearcher.cooperation.scheduler`). A round:
    (1 / (1 + loss): one fixed weighting for every round), the same fused parameters
    (plain average of the healthy agents) and the same next plan.
 
-The device time each agent used is measured on the backend's clock (``ctx.clock``:
-simulated seconds in the simulator, wall seconds on gloo) and reported per round.
+Device time, per agent and round (:class:`SliceClock`): in the simulator the simulated
+seconds of its slice; on a CUDA rank the time between CUDA events around its steps; on a
+CPU rank the CPU time its process spent on them (the device is the core: while the OS
+runs another rank on that core the agent does not hold it, so wall time would count the
+neighbours' work). The slice's wall time is reported beside it. On a real rank Python's
+automatic garbage collection is held off during a slice (a full collection scans every
+object of the process, 0.1-0.2 s of CPU here: the process's housekeeping, not the
+agent's work), so collections run between slices; after the first round the objects
+alive then (imports, models) are frozen out of later collections (``gc.freeze``).
 """
 from __future__ import annotations
 
+import gc
 import math
 import statistics
 import time
@@ -37,6 +45,45 @@ class Swap(Compute):
     ``fn`` (a real copy) and time it, as any Compute."""
 
     nbytes: float = 0.0
+
+
+class SliceClock:
+    """Times the steps of one agent's slice: per step its device seconds, and the slice's
+    wall seconds. ``sim``: the backend's clock (simulated seconds; wall = device).
+    CPU rank: the CPU time of this thread (``time.thread_time``; with intra-op threads,
+    of the whole process, ``time.process_time``). CUDA rank: CUDA events around each
+    step, read once at the slice's end (one synchronisation per slice)."""
+
+    def __init__(self, ctx):
+        self.cuda = ctx.mode == "real" and torch.device(ctx.device).type == "cuda"
+        if ctx.mode != "real":
+            self.dev = self.wall = ctx.clock or (lambda: 0.0)
+        else:
+            self.wall = time.perf_counter
+            self.dev = time.thread_time if torch.get_num_threads() == 1 else time.process_time
+
+    def start(self) -> None:
+        self.w0, self.marks = self.wall(), [self._mark()]
+
+    def _mark(self):
+        if self.cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            return ev
+        return self.dev()
+
+    def lap(self) -> None:
+        self.marks.append(self._mark())
+
+    def stop(self) -> tuple[list, float]:
+        """(device seconds of each step, wall seconds of the slice)."""
+        m = self.marks
+        if self.cuda:
+            m[-1].synchronize()
+            steps = [a.elapsed_time(b) / 1e3 for a, b in zip(m, m[1:])]
+        else:
+            steps = [b - a for a, b in zip(m, m[1:])]
+        return steps, self.wall() - self.w0
 
 
 def state_tensors(learner) -> list:
@@ -115,29 +162,39 @@ def hosted_program(ctx, learner):
     rounds = round_lengths(ctx.steps, sc.communication.interval)
     costs = [1] * n
     nbytes = state_bytes(learner, sc.workload.optimizer)
-    # device time: simulated seconds in the simulator; on a real CPU rank the CPU time this
-    # process spends (ranks share cores, so wall time would count the neighbours' work)
-    clock = time.thread_time if ctx.mode == "real" else (ctx.clock or (lambda: 0.0))
+    clock = SliceClock(ctx)
+    real = ctx.mode == "real"  # the simulator runs every rank's program in one process
     plan = sched.plan([float("nan")] * n, k * rounds[0], costs)
     saved = [None] * k
     numeric = ctx.numeric
     for rnd in range(len(rounds)):
-        losses, used, steady = [0.0] * k, [0.0] * k, [0.0] * k
+        losses, used, steady, wall = [0.0] * k, [0.0] * k, [0.0] * k, [0.0] * k
         for j in [(rnd + i) % k for i in range(k)]:  # who runs first rotates: the first slice
             a, L = mine[j], agents[j]  # after the round's exchange runs on a cold cache
             yield Swap(move_in, (L, saved[j]), nbytes=nbytes, name="swap_in")
-            ls, times = [], []
-            for _ in range(plan.steps[a]):
-                t0 = clock()
-                met = yield Compute(L.forward_backward, flops=L.fwd_flops + L.bwd_flops, name="fwd_bwd")
-                yield Compute(L.optimizer_step, name="optimizer")
-                times.append(clock() - t0)
-                ls.append(float((met or {}).get("loss", float("nan"))))
+            ls = []
+            held = real and gc.isenabled()
+            if held:
+                gc.disable()
+            try:
+                clock.start()
+                for _ in range(plan.steps[a]):
+                    met = yield Compute(L.forward_backward, flops=L.fwd_flops + L.bwd_flops, name="fwd_bwd")
+                    yield Compute(L.optimizer_step, name="optimizer")
+                    clock.lap()
+                    ls.append(float((met or {}).get("loss", float("nan"))))
+                times, wall[j] = clock.stop()
+            finally:
+                if held:
+                    gc.enable()
             used[j] = sum(times)
             steady[j] = statistics.median(times) * len(times) if times else 0.0
             saved[j] = yield Swap(move_out if numeric else None, (L,) if numeric else (), nbytes=nbytes,
                                   name="swap_out")
             losses[j] = sum(ls) / len(ls) if ls else float("nan")
+        if real and rnd == 0:  # imports and models are in place: keep them out of later scans
+            gc.collect()
+            gc.freeze()
         dev = ctx.device if numeric else torch.device("meta")
         stats = torch.tensor([[x, u] for x, u in zip(losses, used)], dtype=torch.float64).to(dev)
         gathered = yield AllGather(stats, name="stats_gather")
@@ -157,6 +214,7 @@ def hosted_program(ctx, learner):
                                   flops=2.0 * n * L.numel, name="fusion")
             for i, a in enumerate(mine):
                 metrics[f"device_s.{a}"] = float(used[i])
+                metrics[f"wall_s.{a}"] = float(wall[i])
                 metrics[f"steady_s.{a}"] = float(steady[i])  # median step x steps: a neighbour's stall left out
             metrics.update({f"loss.{a}": float(loss[a]) for a in range(n)})
         else:
@@ -169,6 +227,8 @@ def hosted_program(ctx, learner):
         if rnd + 1 < len(rounds):
             plan = sched.plan(rewards, k * rounds[rnd + 1], costs)
         yield StepDone(sum(rounds[:rnd + 1]) - 1, metrics)
+    if real:
+        gc.unfreeze()
     return None
 
 
