@@ -35,7 +35,6 @@ from oresearcher.errors import UserError, cli_main, short
 from oresearcher.programs import AgentContext, get_program
 from oresearcher.programs.learner import DTYPES
 from oresearcher.reporting.report import Timeline, summarize, write_json
-from oresearcher.reporting.figures import write_run_figures
 from oresearcher.reporting.trace import write_trace
 
 from . import checkpoint as ckpt
@@ -394,6 +393,7 @@ def _write_report(tl: Timeline, scenario, opts: RunOptions, start: int, wall: fl
     path = Path(opts.out_dir) / "report.json"
     write_json(path, report)
     write_trace(tl, Path(opts.out_dir) / "trace.json", f"{scenario.name} ({opts.backend})")
+    from oresearcher.reporting.figures import write_run_figures  # matplotlib: rank 0 only, at the end
     write_run_figures(report, tl, Path(opts.out_dir), f"{scenario.name} ({tl.world_size} ranks, {opts.backend})")
     log.info("step %.4g s (compute %.4g s, exposed comm %.4g s, overhead %.1f%%), %d steps; report: %s",
              report["step_time_s"], report["compute_time_s"], report["exposed_comm_time_s"],

@@ -44,11 +44,13 @@ from __future__ import annotations
 
 import functools
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
+from ..datacache import cached_arrays
 from ..errors import UserError
 from . import agent_model
 from ..programs.learner import DTYPES, TorchLearner
@@ -126,6 +128,16 @@ class RowLSTM(nn.Module):
 @functools.lru_cache(maxsize=1)
 def load_splits() -> dict:
     """{"train"|"val"|"test": (X [N, 64] float32 in [0, 1], y [N] int64)}."""
+    from importlib.metadata import version
+
+    key = f"digits splits v1; scikit-learn {version('scikit-learn')}; numpy {np.__version__}"
+    arrays = cached_arrays("digits", key, _split_arrays)  # skips importing sklearn (oresearcher.datacache)
+    return {s: (torch.from_numpy(arrays[f"{s}_X"]), torch.from_numpy(arrays[f"{s}_y"]))
+            for s in ("train", "val", "test")}
+
+
+def _split_arrays() -> dict:
+    """The split itself, from scikit-learn (what ``load_splits`` caches)."""
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
@@ -133,8 +145,7 @@ def load_splits() -> dict:
     X, y = data.data.astype("float32") / 16.0, data.target.astype("int64")
     X_tr, X_rest, y_tr, y_rest = train_test_split(X, y, test_size=0.4, random_state=0, stratify=y)
     X_val, X_te, y_val, y_te = train_test_split(X_rest, y_rest, test_size=0.5, random_state=0, stratify=y_rest)
-    t = lambda a: torch.from_numpy(a)  # noqa: E731
-    return {"train": (t(X_tr), t(y_tr)), "val": (t(X_val), t(y_val)), "test": (t(X_te), t(y_te))}
+    return {"train_X": X_tr, "train_y": y_tr, "val_X": X_val, "val_y": y_val, "test_X": X_te, "test_y": y_te}
 
 
 def expected_calibration_error(probs: torch.Tensor, labels: torch.Tensor, bins: int = 10) -> float:
