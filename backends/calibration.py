@@ -21,6 +21,8 @@
   with the other ranks' compute); the calibration scales the sweep's fit to them.
 - The workload's own collective sizes (its buckets, its flat parameters) are timed too.
 - Host overhead: the interpreter's fixed cost of a Compute op with nothing to run.
+- For language models on CPU, the fsdp schedule's host costs (:mod:`.calibration_fsdp`):
+  the copy bandwidth at a block's size and the DTensor dispatch of a sharded optimizer step.
 
 The fit turning these into a hardware profile is pure math in
 :mod:`oresearcher.calibrate`.
@@ -38,6 +40,7 @@ from oresearcher import ops as O
 from oresearcher.calibration.record import Measurement
 from oresearcher.reporting.report import Timeline
 
+from .calibration_fsdp import measure_fsdp_costs
 from .interpreter import Interpreter
 
 log = logging.getLogger(__name__)
@@ -177,10 +180,23 @@ def measure_program_compute(scenario, learner, rank: int, world: int, device, st
     comms = []
     if len(spans) == len(oplog.comms):  # else some span went unrecorded: do not guess the pairing
         comms = [(k, b, n, sp.duration) for (k, b, n, step), sp in zip(oplog.comms, spans) if step >= warmup]
-    return {"step_s": mean, "cv": statistics.pstdev(secs) / mean if mean else 0.0,
+    return {"step_s": mean, "cv": statistics.pstdev(secs) / mean if mean else 0.0, **_passes(tl, oplog, warmup),
             "flops_per_step": statistics.fmean(st["compute_flops"] for st in kept),
             "ops_per_step": statistics.fmean(st["compute_ops"] for st in kept),
             "step_seconds": secs, "op_flops": oplog.flops[warmup:warmup + len(kept)], "comms": comms}
+
+
+def _passes(tl: Timeline, oplog: _OpLog, warmup: int) -> dict:
+    """Per measured step, the seconds and the number of the Compute ops that declare FLOPs
+    (the model's passes; the rest is the program's packing and optimizer work), paired
+    with the op log in issue order ({} if some span went unrecorded)."""
+    spans = sorted((sp for sp in tl.spans if sp.cat == "compute"), key=lambda sp: sp.start)
+    ops = [(step, f) for step, per in enumerate(oplog.flops) for f in per]
+    if len(spans) != len(ops):
+        return {}
+    kept = [(step, sp.duration) for (step, f), sp in zip(ops, spans) if step >= warmup and f > 0]
+    steps = max(1, len({step for step, _ in ops if step >= warmup}))
+    return {"pass_s": sum(d for _, d in kept) / steps, "pass_ops": len(kept) / steps}
 
 
 def merge_inrun(per_rank: list[list[tuple]], world: int) -> list[dict]:
@@ -233,7 +249,9 @@ def calibrate_rank(scenario, denv, *, backend: str, timeout_s: float, sizes, rep
         call = measure_call_overhead(device)
         compute = measure_program_compute(scenario, learner, rank, world, device, compute_steps)
         host = measure_host_overhead(rank, world, device)
-        mine = {"rows": rows, "call_s": call, "compute": compute, "host_s": host}
+        dist.barrier()  # every rank measures the fsdp costs at once, as ranks share cores in a run
+        fsdp = measure_fsdp_costs(scenario, world, device)
+        mine = {"rows": rows, "call_s": call, "compute": compute, "host_s": host, "fsdp": fsdp}
         every = [None] * world
         dist.all_gather_object(every, mine)
         dist.barrier()
@@ -258,4 +276,14 @@ def calibrate_rank(scenario, denv, *, backend: str, timeout_s: float, sizes, rep
         strategy=scenario.training.strategy,
         host_overhead_s=statistics.median(m["host_s"] for m in every),
         dtype=scenario.workload.dtype,
+        pass_step_s_per_rank=[m["compute"].get("pass_s") for m in every],
+        pass_ops_per_step=every[0]["compute"].get("pass_ops", 0.0),
+        **_fsdp_fields([m["fsdp"] for m in every]),
     )
+
+
+def _fsdp_fields(per_rank: list) -> dict:
+    """The fsdp costs, median over ranks (none where they were not measured)."""
+    if any(f is None for f in per_rank):
+        return {}
+    return {k: statistics.median(f[k] for f in per_rank) for k in ("copy_Bps", "dtensor_param_step_s", "optimizer_element_s")}

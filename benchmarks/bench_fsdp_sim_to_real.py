@@ -23,8 +23,12 @@ past 15 %.
 Op by op (``--breakdown``, on by default): after each real run the same scenario runs
 ``tests/backends/bk_fsdp_profile.py``, which times FSDP2's collectives from inside the
 ranks (each wrapped as the rank sees it, waiting for peers included); the table puts
-them beside the simulator's per-collective time (in flight, waits included) and the
-compute left over (forward/backward minus collectives, plus the optimizer step).
+them beside the simulator's per-collective time (in flight, waits included); FSDP2's
+copies and bookkeeping around its collectives (its all-gather, copy-out and reduce
+functions minus the collectives inside) beside the schedule's copy ops
+(oresearcher/programs/fsdp_costs.py); the optimizer step beside the sharded step the
+schedule charges (DTensor dispatch per parameter, the plain step per element); and the
+rest of forward/backward beside the simulated passes (at the calibrated pass rate).
 """
 from __future__ import annotations
 
@@ -63,6 +67,37 @@ def scenario_dict(world: int, steps: int, reshard: bool) -> dict:
     return data
 
 
+COPIES = ("fsdp_copy_in", "fsdp_copy_out", "fsdp_rs_copy_in", "fsdp_rs_accumulate")
+ROWS = (*(o[0] for o in OPS), "FSDP2 copies", "optimizer step", "forward/backward", "compute (all)")
+
+
+def schedule_seconds(path: Path, profile: Path) -> dict:
+    """Seconds per step the simulator charges rank 0's fsdp Compute ops, by op name (the
+    schedule's own ops, walked once; no jitter, no host overhead per op)."""
+    from collections import defaultdict
+    from types import SimpleNamespace
+
+    from oresearcher.ops import Compute
+    from oresearcher.programs.fsdp import Schedule
+    from oresearcher.scenario import load_scenario
+
+    sc = load_scenario(path, [f"cluster.profile_files=[{profile}]", "cluster.device=cpu-calibrated",
+                              "cluster.intra_node=gloo-calibrated"])
+    sched = Schedule.build(SimpleNamespace(scenario=sc, rank=0, world_size=sc.world_size))
+    def one_step():
+        yield from sched.step()
+        yield from sched.optimizer_dispatch()
+    out, gen, val = defaultdict(float), one_step(), None
+    while True:
+        try:
+            op = gen.send(val)
+        except StopIteration:
+            return out
+        val = None
+        if isinstance(op, Compute):
+            out[op.name] += op.flops / sched.costs.rate
+
+
 def measured_ops(path: Path, out: Path) -> dict:
     """ms per step, mean over ranks, of each collective and of the compute around them."""
     env = dict(os.environ, OMP_NUM_THREADS="1",
@@ -73,21 +108,28 @@ def measured_ops(path: Path, out: Path) -> dict:
         sys.exit(f"profiled run of {path} failed: {res.failure}")
     ranks = json.loads(out.read_text())
     got = {label: statistics.mean(r.get(real, 0.0) for r in ranks) for label, _, real in OPS}
-    got["compute"] = statistics.mean(r["compute"] + r["optimizer"] for r in ranks)
+    for label, key in (("FSDP2 copies", "copies"), ("optimizer step", "optimizer"), ("forward/backward", "compute")):
+        got[label] = statistics.mean(r[key] for r in ranks)
+    got["compute (all)"] = got["FSDP2 copies"] + got["optimizer step"] + got["forward/backward"]
     return got
 
 
-def predicted_ops(report: dict) -> dict:
+def predicted_ops(report: dict, charged: dict) -> dict:
+    """The report's collectives and compute per step, the compute split by the schedule's
+    own charges (``charged``: :func:`schedule_seconds`)."""
     per = report["world_size"] * report["steps"]
     by_name = {b["name"]: b["time_s"] for b in report["breakdown"]}
     got = {label: 1e3 * by_name.get(sim, 0.0) / per for label, sim, _ in OPS}
-    got["compute"] = 1e3 * report["compute_time_s"]
+    got["compute (all)"] = 1e3 * report["compute_time_s"]
+    got["FSDP2 copies"] = 1e3 * sum(charged.get(k, 0.0) for k in COPIES)
+    got["optimizer step"] = 1e3 * charged.get("fsdp_sharded_optimizer", 0.0)
+    got["forward/backward"] = got["compute (all)"] - got["FSDP2 copies"] - got["optimizer step"]
     return got
 
 
 def print_ops(n: int, pred: list[dict], meas: list[dict]) -> None:
     print(f"\n{n} ranks, ms per step (medians)   predicted   measured   error")
-    for label in (*(o[0] for o in OPS), "compute"):
+    for label in ROWS:
         p, m = (statistics.median(d[label] for d in ds) for ds in (pred, meas))
         if p or m:
             print(f"  {label:30s} {p:9.1f} {m:10.1f}   {err(p, m):+6.1%}")
@@ -123,7 +165,7 @@ def main(argv=None) -> int:
             preds.append(predict(path, profile))
             if not args.no_breakdown:
                 mops.append(measured_ops(path, work / f"ops{n}-{k}.json"))
-                pops.append(predicted_ops(preds[-1]))
+                pops.append(predicted_ops(preds[-1], schedule_seconds(path, profile)))
             print(f"[{time.perf_counter() - t0:5.0f} s] {n} ranks, repeat {k + 1}: step "
                   f"{1e3 * preds[-1]['step_time_s']:.1f} predicted vs {1e3 * meass[-1]['step_time_s']:.1f} ms measured",
                   flush=True)

@@ -57,6 +57,22 @@ class DeviceProfile(_Strict):
     # fsdp program's cost model follows (oresearcher/programs/fsdp.py). Other programs'
     # async work handles overlap either way (gloo runs them on threads of its own).
     streams: bool = Field(True, description="collectives can run beside compute (GPU streams); false on CPUs")
+    # An optimizer step over DTensor shards (torch's FSDP2) dispatches each elementwise op
+    # through DTensor's Python layer: a fixed host cost per op, here per parameter per step
+    # (step and zero_grad). `oresearcher.calibrate` measures it for the scenario's optimizer
+    # (oresearcher/programs/fsdp_costs.py); 0: not priced.
+    dtensor_param_step_us: float = Field(0.0, ge=0, le=1e6, description="host cost of one DTensor "
+                                         "parameter's optimizer step beyond a plain tensor's, microseconds")
+    # A plain optimizer step (and zero_grad) per parameter element, on this device's host
+    # loop (torch.optim on CPU); the fsdp schedule charges its shards' step at it where it
+    # prices the passes at pass_flops_per_s (which leaves the optimizer out). 0: not priced.
+    optimizer_element_ns: float = Field(0.0, ge=0, le=1e6, description="plain optimizer step per parameter "
+                                        "element, nanoseconds (calibrated)")
+    # The FLOP rate of a model's forward and backward alone, where a calibrated rate folds
+    # in its program's other work (a ddp step's gradient packing and full optimizer step,
+    # which FSDP2 does not do); the fsdp schedule prices its passes at it. None: the rate.
+    pass_flops_per_s: Optional[float] = Field(None, gt=0, description="FLOP/s of forward and backward "
+                                              "alone (calibrated), for the fsdp schedule")
     # The roofline model (sim/roofline.py): each traced kernel costs max(FLOPs / achievable
     # rate, bytes / memory bandwidth) + launches. "flat" (the default) keeps FLOPs /
     # (peak x efficiency) + host overhead per Compute op; profiles without these fields are flat.

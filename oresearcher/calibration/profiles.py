@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import platform
+import statistics
 import time
 
 import yaml
@@ -31,6 +32,18 @@ def compute_rate(m: Measurement, jitter: bool = False) -> float:
     host = m.compute_ops_per_step * m.host_overhead_s
     step = m.mean_step_s if jitter else m.compute_step_s
     return m.flops_per_step / max(step - host, 1e-9)
+
+def pass_rate(m: Measurement, jitter: bool = False) -> float | None:
+    """FLOP/s of the program's FLOP-declaring Compute ops alone (the model's passes), as
+    :func:`compute_rate` takes it (host overhead off; mean rank with jitter, else the
+    slowest); None where the run did not time them."""
+    m = Measurement.of(m)
+    per = m.pass_step_s_per_rank
+    if not per or any(t is None for t in per) or m.flops_per_step <= 0:
+        return None
+    step = statistics.fmean(per) if jitter else max(per)
+    return m.flops_per_step / max(step - m.pass_ops_per_step * m.host_overhead_s, 1e-9)
+
 
 def jitter_fit(m: Measurement) -> tuple[float, float]:
     """The device profile's ``(compute_jitter_cv, compute_jitter_rho)`` from the measured
@@ -64,6 +77,11 @@ def device_doc(name: str, m: Measurement, memory_bytes: float, jitter: bool = Fa
         **({"compute_jitter_cv": cv} if cv > 0 else {}),
         **({"compute_jitter_rho": rho} if rho > 0 else {}),
         **({"streams": False} if m.backend == "gloo" else {}),  # CPU ranks (sim/hardware.py)
+        # the fsdp schedule's host costs (programs/fsdp_costs.py, backends/calibration_fsdp.py)
+        **({"pass_flops_per_s": passes} if (passes := pass_rate(m, jitter)) else {}),
+        **({"memory_bandwidth_GBps": m.copy_Bps / GB} if m.copy_Bps else {}),
+        **({"dtensor_param_step_us": m.dtensor_param_step_s / US} if m.dtensor_param_step_s is not None else {}),
+        **({"optimizer_element_ns": m.optimizer_element_s / 1e-9} if m.optimizer_element_s is not None else {}),
     }
 
 def fabric_doc(name: str, fit: FabricFit, backend: str = "gloo") -> dict:
@@ -102,6 +120,15 @@ def profile_text(device: dict, fabric: dict, m: Measurement, errors: list[dict])
            if m.sync_period > 1 else "the program synchronises every step: no persistence to fit."),
         f"# in-run collectives: {m.inrun_factor:.3f} x the idle sweep's fit (geometric mean of "
         "measured / fitted over the program's own collectives, every rank busy; 1: not applied).",
+        *([f"# passes: the {m.compute_ops_per_step:.0f} Compute ops include {m.pass_ops_per_step:.0f} that declare "
+           f"FLOPs (the model's forward and backward), measured {1e3 * max(m.pass_step_s_per_rank):.3f} ms on the "
+           f"slowest rank -> pass_flops_per_s {device['pass_flops_per_s']:.4g} (the fsdp schedule prices its "
+           "passes at it)."] if "pass_flops_per_s" in device else []),
+        *([f"# fsdp host costs, every rank at once (median over ranks): copying a block "
+           f"{m.copy_Bps / GB:.3g} GB/s (read + write) -> memory_bandwidth_GBps; a DTensor shard's "
+           f"optimizer step {m.dtensor_param_step_s / US:.1f} us per parameter over a "
+           f"plain tensor's -> dtensor_param_step_us; the plain step {m.optimizer_element_s / 1e-9:.2f} ns per "
+           "local element -> optimizer_element_ns."] if m.copy_Bps else []),
         "# collective fit (ring model): kind, bytes, measured us, fitted us, error "
         "(* the workload's sizes, idle; ** in the program's own run)",
     ]

@@ -34,6 +34,11 @@ class Measurement:
     sync_period: int = 1  # steps between the program's averagings (jitter persistence)
     roofline: Optional[dict] = None  # measured roofline rates (backends/device_rates.py), or None
     inrun_factor: float = 1.0  # in-run collectives / the idle sweep's fit (1: not applied)
+    pass_step_s_per_rank: list = field(default_factory=list)  # seconds of the FLOP-declaring ops per step
+    pass_ops_per_step: float = 0.0  # how many of the Compute ops declare FLOPs
+    copy_Bps: Optional[float] = None  # read + write bytes/s copying a block, every rank at once (fsdp)
+    dtensor_param_step_s: Optional[float] = None  # a DTensor shard's optimizer step over a plain one's (fsdp)
+    optimizer_element_s: Optional[float] = None  # a plain optimizer step per local element (fsdp)
 
     @property
     def mean_step_s(self) -> float:

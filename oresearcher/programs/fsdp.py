@@ -30,6 +30,10 @@ its ranks' mean training loss at that step (the per-token likelihood, in (0, 1])
 explorer's lr is scaled and its shards noised after each round, an optimizer's SAM step runs
 the schedule twice (the other agents wait for it at the round), a validator trains plainly.
 
+Beside the collectives and the model's FLOPs the schedule prices what FSDP2 does around
+them (:mod:`.fsdp_costs`): the copies into and out of every all-gather and reduce-scatter
+buffer at the device's memory bandwidth, and the optimizer step on DTensor shards.
+
 Payload dtypes follow the mixed-precision policy: all-gathers in the compute dtype
 (``workload.dtype``), reduce-scatters in ``fsdp.reduce_dtype`` (fp32 or the compute dtype).
 
@@ -51,6 +55,7 @@ from ..cooperation.sharded_fusion import fuse_sharded
 from ..cooperation.sharded_roles import OnBatch, RoleStep
 from ..divergence import Guard, guard_sharded, sharded_forward_backward
 from ..sharding import scenario_plan, shard_groups
+from .fsdp_costs import HostCosts
 from .learner import DTYPES
 
 
@@ -68,6 +73,7 @@ def fsdp(ctx, learner):
             yield from sched.step()
         else:  # a SAM agent runs the schedule twice
             yield from role.train(sched.step, numel)
+        yield from sched.optimizer_dispatch()
         yield Compute(learner.optimizer_step, name="optimizer")
         if fusion is not None and fusion.due(step):
             fused = yield from fusion.run(sched.local_shard(), None)
@@ -116,10 +122,15 @@ class Schedule:
     """The ops of one FSDP step for one rank; payloads are meta tensors (sizes only)."""
 
     def __init__(self, plan, shard_group, replicate_group, reshard: bool, param_dtype, reduce_dtype,
-                 streams: bool = True):
+                 streams: bool = True, costs: HostCosts | None = None):
         self.plan, self.reshard, self.streams = plan, reshard, streams
         self.shard, self.replicate = shard_group, replicate_group
         n = len(shard_group)
+        # FSDP2's copies and DTensor dispatch (fsdp_costs.py); None: the collectives and FLOPs only
+        self.costs = costs
+        p, r = torch.empty((), dtype=param_dtype).element_size(), torch.empty((), dtype=reduce_dtype).element_size()
+        self._copies = [(costs.gather_s(u.padded_numel(n), n, p), costs.reduce_s(u.padded_numel(n), n, p, r))
+                        if costs is not None else ((0.0, 0.0), (0.0, 0.0)) for u in plan.units]
         # this rank's shard of each unit (all-gather input) and each unit's unsharded
         # gradient (reduce-scatter input)
         self.shards = [torch.empty(u.padded_numel(n) // n, dtype=param_dtype, device="meta") for u in plan.units]
@@ -134,24 +145,47 @@ class Schedule:
             replicate = (ctx.rank,)
         compute = DTYPES[sc.workload.dtype]
         reduce = torch.float32 if sc.fsdp.reduce_dtype == "fp32" else compute
+        device = _device(sc)
         return cls(scenario_plan(sc), shard, replicate, sc.fsdp.reshard_after_forward, compute, reduce,
-                   _has_streams(sc))
+                   device.streams, HostCosts.of(device, sc.workload.dtype))
 
     def local_shard(self) -> torch.Tensor:
         """This rank's fp32 shard of every parameter, flat (meta): what a fusion round moves."""
         n = len(self.shard)
         return torch.empty(sum(u.padded_numel(n) // n for u in self.plan.units), dtype=torch.float32, device="meta")
 
+    def _pass(self, flops: float) -> float:
+        return flops if self.costs is None else self.costs.passes(flops)
+
+    def _host(self, seconds: float, name: str):
+        if seconds > 0:
+            yield Compute(flops=self.costs.flops(seconds), name=name)
+
     def _gather(self, i):
+        yield from self._host(self._copies[i][0][0], "fsdp_copy_in")
         return (yield AllGather(self.shards[i], group=self.shard, async_op=True, name="fsdp_all_gather"))
+
+    def _unshard(self, i, handle):
+        """Wait for unit i's all-gather, then copy it out into the unsharded parameters."""
+        yield Wait(handle, name="fsdp_wait_gather")
+        yield from self._host(self._copies[i][0][1], "fsdp_copy_out")
+
+    def optimizer_dispatch(self):
+        """The optimizer step on this rank's DTensor shards (fsdp_costs.py): their dispatch,
+        and the step's work where the device's rate leaves it out."""
+        if self.costs is not None:
+            n = len(self.shard)
+            seconds = self.costs.optimizer_s(sum(len(u.shapes) for u in self.plan.units),
+                                             sum(u.padded_numel(n) // n for u in self.plan.units))
+            yield from self._host(seconds, "fsdp_sharded_optimizer")
 
     def step(self):
         """Forward then backward of one step; returns when every gradient is reduced."""
         if not self.streams:
             yield from self.blocking_step()
-            return
-        yield from self.forward()
-        yield from self.backward()
+        else:
+            yield from self.forward()
+            yield from self.backward()
 
     def blocking_step(self):
         """FSDP2 on a device without streams (CPU ranks): each all-gather runs in the unit's
@@ -160,47 +194,50 @@ class Schedule:
         it). No prefetch, no overlap: communication and compute take turns."""
         blocks = self.plan.blocks
         nb = len(blocks)
-        yield Wait((yield from self._gather(0)), name="fsdp_wait_gather")  # root
+        yield from self._unshard(0, (yield from self._gather(0)))  # root
         for i in range(1, nb + 1):
-            yield Wait((yield from self._gather(i)), name="fsdp_wait_gather")
-            yield Compute(flops=blocks[i - 1].fwd_flops, name="forward")
-        yield Compute(flops=self.plan.root.fwd_flops, name="forward")
-        yield Compute(flops=self.plan.root.bwd_flops, name="backward")
+            yield from self._unshard(i, (yield from self._gather(i)))
+            yield Compute(flops=self._pass(blocks[i - 1].fwd_flops), name="forward")
+        yield Compute(flops=self._pass(self.plan.root.fwd_flops), name="forward")
+        yield Compute(flops=self._pass(self.plan.root.bwd_flops), name="backward")
         for i in range(nb, 0, -1):
             if self.reshard and i < nb:  # the last block kept its parameters after forward
-                yield Wait((yield from self._gather(i)), name="fsdp_wait_gather")
-            yield Compute(flops=blocks[i - 1].bwd_flops, name="backward")
+                yield from self._unshard(i, (yield from self._gather(i)))
+            yield Compute(flops=self._pass(blocks[i - 1].bwd_flops), name="backward")
             yield from self._blocking_reduce(i)
         yield from self._blocking_reduce(0)  # root: embedding gradients come last
 
     def _blocking_reduce(self, i):
+        before, after = self._copies[i][1]
+        yield from self._host(before, "fsdp_rs_copy_in")
         shard = yield ReduceScatter(self.grads[i], group=self.shard, op="avg", name="fsdp_reduce_scatter")
         if len(self.replicate) > 1:
             yield AllReduce(shard, group=self.replicate, op="avg", name="hsdp_all_reduce")
+        yield from self._host(after, "fsdp_rs_accumulate")
 
     def forward(self):
         blocks = self.plan.blocks
         nb = len(blocks)
         root = yield from self._gather(0)
         ahead = (yield from self._gather(1)) if nb else None
-        yield Wait(root, name="fsdp_wait_gather")
+        yield from self._unshard(0, root)
         for i in range(1, nb + 1):
-            yield Wait(ahead, name="fsdp_wait_gather")
+            yield from self._unshard(i, ahead)
             ahead = (yield from self._gather(i + 1)) if i < nb else None
-            yield Compute(flops=blocks[i - 1].fwd_flops, name="forward")
-        yield Compute(flops=self.plan.root.fwd_flops, name="forward")
+            yield Compute(flops=self._pass(blocks[i - 1].fwd_flops), name="forward")
+        yield Compute(flops=self._pass(self.plan.root.fwd_flops), name="forward")
 
     def backward(self):
         blocks = self.plan.blocks
         nb = len(blocks)
-        yield Compute(flops=self.plan.root.bwd_flops, name="backward")  # LM head (root stays gathered)
+        yield Compute(flops=self._pass(self.plan.root.bwd_flops), name="backward")  # LM head (root stays gathered)
         pending, reduces = None, []
         gather = None  # block nb (the last) was not resharded after its forward
         for i in range(nb, 0, -1):
             if gather is not None:
-                yield Wait(gather, name="fsdp_wait_gather")
+                yield from self._unshard(i, gather)
             gather = (yield from self._gather(i - 1)) if self.reshard and i > 1 else None
-            yield Compute(flops=blocks[i - 1].bwd_flops, name="backward")
+            yield Compute(flops=self._pass(blocks[i - 1].bwd_flops), name="backward")
             pending = yield from self._reduce(i, pending, reduces)
         pending = yield from self._reduce(0, pending, reduces)  # root: embedding grads come last
         yield from self._replicate(pending, reduces)
@@ -209,6 +246,7 @@ class Schedule:
 
     def _reduce(self, i, pending, reduces):
         """Issue unit i's reduce-scatter; the previous one's replicate all-reduce follows it."""
+        yield from self._host(self._copies[i][1][0], "fsdp_rs_copy_in")  # on the compute stream
         h = yield ReduceScatter(self.grads[i], group=self.shard, op="avg", async_op=True,
                                 name="fsdp_reduce_scatter")
         yield from self._replicate(pending, reduces)
@@ -225,16 +263,17 @@ class Schedule:
                                         name="hsdp_all_reduce")))
 
 
-_STREAMS = [None, True]  # the last scenario looked up and its answer: one lookup per simulation
+_DEVICE = [None, None]  # the last scenario looked up and its device: one lookup per simulation
 
 
-def _has_streams(scenario) -> bool:
-    """The simulated device's ``streams`` field (sim/hardware.py): False on CPU ranks."""
-    if _STREAMS[0] is not scenario:
+def _device(scenario):
+    """The simulated device profile (sim/hardware.py): its ``streams`` (False on CPU ranks),
+    memory bandwidth and DTensor dispatch cost price the schedule."""
+    if _DEVICE[0] is not scenario:
         from ..sim.simulate import build_cluster  # the simulator's own lookup; shape mode runs in it
 
-        _STREAMS[:] = [scenario, build_cluster(scenario)[0].streams]
-    return _STREAMS[1]
+        _DEVICE[:] = [scenario, build_cluster(scenario)[0]]
+    return _DEVICE[1]
 
 
 class FusionRound:

@@ -179,7 +179,7 @@ def test_sharded_agents_fuse_one_shard_per_peer_and_share_no_gradients():
 def test_cpu_and_gloo_profiles_say_what_fsdp2_and_gloo_do():
     from oresearcher.calibration.fabric_fit import FabricFit
     from oresearcher.calibration.profiles import device_doc, fabric_doc
-    from oresearcher.programs.fsdp import _has_streams
+    from oresearcher.programs.fsdp import _device
     from oresearcher.scenario import load_scenario
     from oresearcher.sim.hardware import builtin_profiles
 
@@ -187,8 +187,8 @@ def test_cpu_and_gloo_profiles_say_what_fsdp2_and_gloo_do():
     assert cat[("device", "cpu-local")].streams is False and cat[("device", "A100-SXM4-80GB")].streams
     assert cat[("fabric", "loopback")].reduce_scatter == "all_reduce"
     assert cat[("fabric", "nvswitch-a100")].reduce_scatter == "native"
-    assert not _has_streams(load_scenario("scenarios/cpu-fsdp.yaml"))
-    assert _has_streams(load_scenario("scenarios/8xA100-llama7b-fsdp.yaml"))
+    assert not _device(load_scenario("scenarios/cpu-fsdp.yaml")).streams
+    assert _device(load_scenario("scenarios/8xA100-llama7b-fsdp.yaml")).streams
     m = {"backend": "gloo", "host_overhead_s": 1e-6, "compute_step_s": 0.1, "flops_per_step": 1e9}
     fit = FabricFit(1e-5, 1e-4, 1e-5, 1e9)
     assert device_doc("d", m, 1e9)["streams"] is False and fabric_doc("f", fit, "gloo")["reduce_scatter"] == "all_reduce"
