@@ -175,3 +175,23 @@ def test_the_simulator_prices_the_roles_of_a_scenario():
     assert count[1]["fsdp_all_gather"] == count[0]["fsdp_all_gather"] * 6 // 4
     assert count[1]["fsdp_reduce_scatter"] == count[0]["fsdp_reduce_scatter"] * 6 // 4
     assert roles["compute_time_s"] > 1.3 * plain["compute_time_s"]
+
+
+def test_the_fusion_round_charges_its_distances_and_weighted_sum():
+    # 2 agents, shards of p = 2e7 fp32 elements: the Gram matrix 2 n^2 p = 1.6e8 FLOPs and
+    # the weighted sum 2 n p = 8e7 FLOPs, 240 us on the 1 TFLOP/s golden device
+    from oresearcher.cooperation.sharded_fusion import fuse_sharded
+
+    p = 2 * 10**7
+
+    def prog(rank, charge):
+        shard, replicate = shard_groups(rank, 2, 1)
+        if charge:
+            yield from fuse_sharded(torch.empty(p, device="meta"), rank, None, None, shard_group=shard,
+                                    replicate_group=replicate)
+        else:  # the same collectives alone
+            yield O.AllGather(torch.empty(p, device="meta"), group=replicate, name="fusion_shard_gather")
+        yield O.StepDone(0)
+    with_compute, alone = (Engine(topo(2), DEVICE, "fp32", "ring").run([prog(r, c) for r in range(2)])
+                           for c in (True, False))
+    assert with_compute.step_ends[0][0] == pytest.approx(alone.step_ends[0][0] + 240e-6, rel=1e-9)

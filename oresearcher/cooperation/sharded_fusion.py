@@ -68,16 +68,23 @@ def fuse_sharded(shard: torch.Tensor, agent: int, reliability, excluded, *, shar
 
     ``replicate_group``: the ranks holding the same shard of every agent, in agent order;
     ``shard_group``: this agent's ranks. Returns the fused shard. In shape mode (meta
-    tensors) only sizes flow and the Compute ops charge nothing.
+    tensors) only sizes flow: the distances and the weighted sum are charged by their FLOPs
+    (the weights, n x n numbers, cost nothing) and the shard comes back unchanged.
     """
     shards = yield AllGather(shard, group=replicate_group, name="fusion_shard_gather")
     meta = shard.device.type == "meta"
-    part = (torch.empty(len(shards), len(shards), dtype=torch.float64, device="meta") if meta
-            else (yield Compute(partial_sq_distances, shards, name="fusion_distances")))
+    n, p = len(shards), shard.numel()
+    gram = 2.0 * n * n * p  # cdist of n long vectors is a Gram matrix (matmul): 2 n^2 p FLOPs
+    if meta:
+        yield Compute(flops=gram, name="fusion_distances")
+        part = torch.empty(n, n, dtype=torch.float64, device="meta")
+    else:
+        part = yield Compute(partial_sq_distances, shards, flops=gram, name="fusion_distances")
     d2 = part if len(shard_group) == 1 else (
         yield AllReduce(part, group=shard_group, op="sum", name="fusion_distance_sum"))
-    if meta:
+    if meta:  # sum_j a_j theta_j^s: a multiply-add per element and agent
+        yield Compute(flops=2.0 * n * p, name="fusion_apply")
         return shard
     w = yield Compute(weights_from_sq_distances, d2, reliability, excluded, method=method,
                       temperature=temperature, similarity_weight=similarity_weight, name="fusion_weights")
-    return (yield Compute(fuse_shard, shards, w[agent], name="fusion_apply"))
+    return (yield Compute(fuse_shard, shards, w[agent], flops=2.0 * n * p, name="fusion_apply"))
