@@ -6,6 +6,7 @@ import math
 from pathlib import Path
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -101,3 +102,67 @@ def test_settings_it_does_not_run_are_refused(setting):
     sc = load_scenario(REPO / "scenarios" / "alloc-8on4.yaml", [setting, "training.steps=20"])
     with pytest.raises(UserError, match=setting.split("=")[0]):
         simulate(sc)
+
+
+class _Flat:
+    def __init__(self, t):
+        self.t = t
+
+    def flat_params(self):
+        return self.t
+
+
+@settings(max_examples=60, deadline=None)
+@given(k=st.integers(1, 3), numel=st.integers(1, 9), dtype=st.sampled_from(["float32", "bfloat16", "float16", "float64"]),
+       ranks=st.integers(1, 4), data=st.data())
+def test_round_payload_carries_weights_and_stats_bit_for_bit(k, numel, dtype, ranks, data):
+    """The round's one all-gather carries each rank's weights and its float64 stats
+    reinterpreted as the weights' dtype: unpacked, both come back exactly (NaN and
+    infinities included), in agent order; the meta (shape-mode) payload has the same size."""
+    from oresearcher.programs.cooperative_hosted import pack_round, unpack_round
+
+    dt = getattr(torch, dtype)
+    floats = st.floats(allow_nan=True, allow_infinity=True, width=64)
+    parts, weights, stats = [], [], []
+    for _ in range(ranks):
+        w = [torch.randn(numel).to(dt) for _ in range(k)]
+        s = torch.tensor(data.draw(st.lists(floats, min_size=2 * k, max_size=2 * k)), dtype=torch.float64).reshape(k, 2)
+        parts.append(pack_round([_Flat(x) for x in w], s))
+        weights += w
+        stats.append(s)
+        meta = pack_round([_Flat(torch.empty(numel, dtype=dt, device="meta"))] * k, s)
+        assert meta.shape == parts[-1].shape and meta.dtype == parts[-1].dtype
+    every, rows = unpack_round(parts, k)
+    assert every.shape == (ranks * k, numel)
+    for a, w in enumerate(weights):
+        assert torch.equal(every[a], w)
+    want = torch.cat(stats)
+    assert torch.equal(rows.view(torch.int64), want.view(torch.int64))  # bit patterns, NaNs too
+
+
+def test_slice_clock_on_a_cpu_rank_counts_cpu_time_not_waiting():
+    """A CPU rank's device time is the CPU time of the slice's steps: a step that sleeps
+    (the core free for others) adds wall time, not device time."""
+    import time
+
+    from oresearcher.programs import AgentContext
+    from oresearcher.programs.cooperative_hosted import SliceClock
+
+    sc = load_scenario(REPO / "scenarios" / "alloc-8on4.yaml")
+    clock = SliceClock(AgentContext(0, 4, sc, mode="real"))
+    clock.start()
+    t = time.thread_time()
+    while time.thread_time() - t < 0.03:  # 30 ms of CPU
+        pass
+    clock.lap()
+    time.sleep(0.1)
+    clock.lap()
+    (busy, idle), wall = clock.stop()
+    assert busy >= 0.03 and idle < 0.02 and wall >= 0.13, (busy, idle, wall)
+
+
+def test_sim_round_synchronises_once():
+    """One all-gather a round (weights and stats together): the simulator's only collective."""
+    report = _sim(None)
+    names = {b["name"]: b for b in report["breakdown"]}
+    assert set(names) == {"round_gather"} and names["round_gather"]["count"] == 4 * 10

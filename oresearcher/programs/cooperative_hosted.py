@@ -7,8 +7,8 @@ k agents, N = k * M in all (:mod:`oresearcher.cooperation.scheduler`). A round:
    priced by the simulator at the device profile's ``host_link_GBps``, really copied by
    the real backend), it takes the steps its share of the round's device time buys,
    and its state moves out again.
-2. AllGather of every agent's (mean training loss, device seconds used) and of the
-   agents' flat parameters: every rank then computes the same allocation rewards
+2. One AllGather of the agents' flat parameters and of every agent's (mean training
+   loss, device seconds used) (:func:`pack_round`): every rank then computes the same allocation rewards
    (1 / (1 + loss): one fixed weighting for every round), the same fused parameters
    (plain average of the healthy agents) and the same next plan.
 
@@ -120,6 +120,26 @@ def move_in(learner, saved) -> None:
             t.copy_(s)
 
 
+def pack_round(agents, stats: torch.Tensor) -> torch.Tensor:
+    """One rank's part of the round's all-gather: its agents' flat parameters, then the
+    [k, 2] float64 stats (loss, device seconds) reinterpreted as the parameters' dtype
+    (bit for bit: one collective carries both, and the ranks synchronise once a round)."""
+    flat = torch.cat([L.flat_params().reshape(-1) for L in agents])
+    if flat.device.type == "meta":
+        return torch.empty(flat.numel() + stats.numel() * 8 // flat.element_size(), dtype=flat.dtype, device="meta")
+    return torch.cat([flat, stats.to(flat.device).reshape(-1).view(flat.dtype)])
+
+
+def unpack_round(parts, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every rank's :func:`pack_round` -> (parameters [n, numel], stats [n, 2] float64)."""
+    flats, stats = [], []
+    for p in parts:
+        tail = 2 * k * 8 // p.element_size()
+        flats.append(p[:-tail].reshape(k, -1))
+        stats.append(p[-tail:].cpu().clone().view(torch.float64).reshape(k, 2))  # clone: aligned
+    return torch.cat(flats), torch.cat(stats)
+
+
 def _agent_learner(ctx, learner, agent: int, j: int):
     """Hosted agent ``j`` of this rank: the rank's own learner first, the others built
     like it with their own seed (own initial weights and data order)."""
@@ -195,17 +215,14 @@ def hosted_program(ctx, learner):
         if real and rnd == 0:  # imports and models are in place: keep them out of later scans
             gc.collect()
             gc.freeze()
-        dev = ctx.device if numeric else torch.device("meta")
-        stats = torch.tensor([[x, u] for x, u in zip(losses, used)], dtype=torch.float64).to(dev)
-        gathered = yield AllGather(stats, name="stats_gather")
-        flat = yield Compute(lambda: torch.cat([L.flat_params().reshape(-1) for L in agents]), name="pack")
-        flats = yield AllGather(flat, name="param_gather")
+        stats = torch.tensor([[x, u] for x, u in zip(losses, used)], dtype=torch.float64)
+        payload = yield Compute(pack_round, agents, stats, name="pack")
+        got = yield AllGather(payload, name="round_gather")
         metrics = {"round": rnd}
         if numeric:
-            rows = torch.cat([g.cpu() for g in gathered])  # [n, 2], agent order
+            every, rows = unpack_round(got, k)  # [n, numel], [n, 2], agent order
             loss = rows[:, 0]
             rewards = [1.0 / (1.0 + float(x)) if math.isfinite(float(x)) else float("nan") for x in loss]
-            every = torch.cat([f.reshape(k, -1) for f in flats])  # [n, numel]
             ok = torch.isfinite(every).all(1) & torch.isfinite(loss)
             if bool(ok.any()):
                 fused = every[ok].mean(0)

@@ -1,0 +1,134 @@
+"""Op by op: where a hosted round's time goes (benchmarks/bench_allocation.py).
+
+A round of the hosted program (oresearcher/programs/cooperative_hosted.py) on one rank:
+its agents' slices (swap in, forward+backward and optimizer steps, swap out), the stats
+all-gather, packing the weights, the weights all-gather, fusion. The round ends when
+the last rank reaches the stats all-gather, so the round's time is the time of the rank
+that arrives there last (the *critical* rank: the one blocked there the least), op by
+op. Both the simulator and the gloo backend write the same Chrome trace (``trace.json``:
+one lane per rank for compute, one for blocked time) and the same per-round StepDone
+times (``report.json``), so one reader serves both. What no span covers on the critical
+rank is the Python between ops (the program's own code and the interpreter's
+bookkeeping): the simulator charges it as the device profile's ``host_overhead_us``
+per op.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+# rows of the table: (label, span names)
+ROWS = (("swap in + out", ("swap_in", "swap_out")),
+        ("forward+backward", ("fwd_bwd",)),
+        ("optimizer steps", ("optimizer",)),
+        ("pack weights + stats", ("pack",)),
+        ("round all-gather (the last to arrive)", ("round_gather",)),
+        ("fusion", ("fusion",)))
+GATHER = "round_gather"
+BETWEEN = "between ops (Python)"
+
+
+def _spans(trace: dict) -> dict:
+    """rank -> [(start s, end s, name)] of its compute and blocked lanes."""
+    lanes = {e["tid"]: e["args"]["name"].split() for e in trace["traceEvents"]
+             if e.get("ph") == "M" and e.get("name") == "thread_name"}
+    out = defaultdict(list)
+    for e in trace["traceEvents"]:
+        if e.get("ph") != "X" or e["tid"] not in lanes:
+            continue
+        _, rank, lane = lanes[e["tid"]][:3]
+        if lane in ("compute", "blocked"):
+            name = e["name"].removeprefix("blocked:")
+            out[int(rank)].append((e["ts"] / 1e6, (e["ts"] + e["dur"]) / 1e6, name, lane))
+    return out
+
+
+def critical_rounds(run_dir: Path, skip_rounds: int = 1, host_s: float = 0.0) -> list[dict]:
+    """Per round after the first ``skip_rounds``: seconds of each ROWS entry, the time
+    between ops and the round's duration, on that round's critical rank. ``host_s``: the
+    host overhead the simulator adds to each Compute span (moved to "between ops")."""
+    report = json.loads((run_dir / "report.json").read_text())
+    spans = _spans(json.loads((run_dir / "trace.json").read_text()))
+    ends = {int(r): [m["time_s"] for m in ms] for r, ms in report["metrics"].items()}
+    per_round = []
+    for i in range(len(ends[0])):
+        cand = {}
+        for r, t in ends.items():
+            lo, hi = (t[i - 1] if i else 0.0), t[i]
+            got, ops, compute = defaultdict(float), 0, 0.0
+            for s, e, name, lane in spans[r]:
+                if lo <= s < hi:
+                    own = e - s - (host_s if lane == "compute" else 0.0)
+                    got[name] += own
+                    if lane == "compute":
+                        ops, compute = ops + 1, compute + own
+            got["_round"], got["_ops"], got["_compute"] = hi - lo, ops, compute
+            cand[r] = got
+        crit = min(cand, key=lambda r: cand[r][GATHER])
+        got = cand[crit]
+        row = {label: sum(got[n] for n in names) for label, names in ROWS}
+        row[BETWEEN] = got["_round"] - sum(v for k, v in got.items() if not k.startswith("_"))
+        row["round"], row["compute"] = got["_round"], got["_compute"]
+        row["rank"], row["compute_ops"] = crit, got["_ops"]
+        per_round.append(row)
+    return per_round[skip_rounds:]
+
+
+def mean_ms(rows: list[dict]) -> dict:
+    return {k: 1e3 * statistics.fmean(r[k] for r in rows) for k in rows[0] if k not in ("rank", "compute_ops")}
+
+
+def print_table(pred: dict, meas: dict) -> None:
+    print("round time op by op on the critical rank, ms per round (rounds 2..)  predicted  measured    error")
+    for label in [lab for lab, _ in ROWS] + [BETWEEN, "round"]:
+        p, m = pred[label], meas[label]
+        e = f"{(p - m) / m:+8.1%}" if m > 0.05 else ""
+        print(f"  {label if label != 'round' else 'round time':66s} {p:9.2f} {m:9.2f} {e}")
+
+
+def cpu_per_step(steps: int = 1500) -> float:
+    """Median CPU seconds of one agent step (forward+backward, optimizer) of the
+    scenario's learner in this process (the first 100 steps are warm-up)."""
+    import time
+
+    import torch
+
+    from oresearcher.scenario import load_scenario
+    from oresearcher.tasks import make_learner
+
+    torch.set_num_threads(1)
+    repo = Path(__file__).resolve().parents[1]
+    learner = make_learner(load_scenario(repo / "scenarios" / "alloc-8on4.yaml"), 0, mode="real", device="cpu")
+    ts = []
+    for _ in range(steps + 100):
+        t = time.thread_time()
+        learner.forward_backward()
+        learner.optimizer_step()
+        ts.append(time.thread_time() - t)
+    return statistics.median(ts[100:])
+
+
+def contention(procs: int) -> tuple[float, list[float]]:
+    """Median CPU seconds per agent step: one process alone, then ``procs`` processes at
+    once (as the ranks of a run, on this host's cores): what sharing the cores does to
+    the CPU time of the same work (caches and TLBs refilled after every switch)."""
+    import os
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--cpu-per-step"]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    alone = float(subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout)
+    ps = [subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True) for _ in range(procs)]
+    shared = [float(p.communicate()[0]) for p in ps]
+    return alone, shared
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:] == ["--cpu-per-step"]:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+        print(cpu_per_step())
