@@ -25,7 +25,8 @@ With ``fsdp.replicas: fusion`` the shard groups are independent *agents*: no gra
 all-reduce across them; every ``communication.interval`` steps they fuse shard by shard
 (:mod:`oresearcher.cooperation.sharded_fusion`, the attention-weighted round of
 :mod:`oresearcher.cooperation.fusion` without full copies), each agent's reliability exp(-loss) from
-its ranks' mean training loss at that step (the per-token likelihood, in (0, 1]). With
+its ranks' mean loss on their disjoint held-out batches, evaluated before the round
+(:mod:`oresearcher.cooperation.sharded_validation`; the per-token likelihood, in (0, 1]). With
 ``agents.roles`` the agents keep roles (:mod:`oresearcher.cooperation.sharded_roles`): an
 explorer's lr is scaled and its shards noised after each round, an optimizer's SAM step runs
 the schedule twice (the other agents wait for it at the round), a validator trains plainly.
@@ -53,6 +54,7 @@ from ..errors import UserError
 from ..ops import AllGather, AllReduce, Compute, ReduceScatter, StepDone, Wait
 from ..cooperation.sharded_fusion import fuse_sharded
 from ..cooperation.sharded_roles import OnBatch, RoleStep
+from ..cooperation.sharded_validation import eval_forward, heldout_batch, heldout_loss
 from ..divergence import Guard, guard_sharded, sharded_forward_backward
 from ..sharding import scenario_plan, shard_groups
 from .fsdp_costs import HostCosts
@@ -76,6 +78,7 @@ def fsdp(ctx, learner):
         yield from sched.optimizer_dispatch()
         yield Compute(learner.optimizer_step, name="optimizer")
         if fusion is not None and fusion.due(step):
+            yield from eval_forward(sched)  # each agent's held-out loss, its reliability
             fused = yield from fusion.run(sched.local_shard(), None)
             if role is not None:
                 yield from role.after_fusion(fused, fusion.round(step))
@@ -93,6 +96,7 @@ def _delegated(ctx, learner):
     role = RoleStep.build(ctx, fusion.shard) if fusion is not None else None
     if role is not None:
         role.set_lr(learner, ctx.scenario.training.lr)
+    heldout = None if fusion is None else heldout_batch(ctx.scenario, fusion.shard.index(ctx.rank), ctx.device)
     guard = Guard.for_context(ctx)  # training.on_divergence (oresearcher.divergence)
     for step in range(ctx.start_step, ctx.steps):
         if role is None:
@@ -107,8 +111,10 @@ def _delegated(ctx, learner):
         if not (yield from guard_sharded(ctx, guard, step, metrics)):
             yield Compute(learner.optimizer_step, name="optimizer")
         if fusion is not None and fusion.due(step):
+            metrics["heldout_loss"] = yield Compute(heldout_loss, learner, heldout, flops=learner.fwd_flops,
+                                                    name="heldout_forward")
             flat = yield Compute(learner.local_flat, name="pack")
-            fused = yield from fusion.run(flat, metrics.get("loss"))
+            fused = yield from fusion.run(flat, metrics["heldout_loss"])
             if role is not None:
                 fused = yield from role.after_fusion(fused, fusion.round(step))
             yield Compute(learner.set_local_flat, fused, name="unpack")
@@ -301,7 +307,7 @@ class FusionRound:
         return (step + 1) // self.interval
 
     def run(self, flat: torch.Tensor, loss):
-        """Fuse this rank's flat shard; ``loss``: its training loss (None in shape mode)."""
+        """Fuse this rank's flat shard; ``loss``: its held-out loss (None in shape mode)."""
         meta = flat.device.type == "meta"
         mine = torch.tensor([float("nan") if loss is None else loss], dtype=torch.float64,
                             device="meta" if meta else "cpu")

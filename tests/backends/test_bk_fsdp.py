@@ -209,12 +209,15 @@ def _agent_grad(model, batches, size):
 def reference_sharded_agents(world, size, interval, steps, roles, seed_of_noise):
     """world/size agents, each data parallel over its ranks' batches with its own AdamW,
     fused every ``interval`` steps by oresearcher.cooperation.fusion (attention weights from exp(-the
-    agent's mean loss at that step)), with ``roles``: the explorer at lr x 2 and, after each
-    round, noised shard by shard (each shard's own generator and RMS), the optimizer by SAM
-    over its whole gradient: the per-rank losses an fsdp run with ``fsdp.replicas: fusion``
-    and ``agents.roles`` must reproduce."""
+    agent's mean loss on the held-out batches: the token stream's numbers MAX_WORLD + s,
+    s < size)), with ``roles``: the explorer at lr x 2 and, after each round, noised shard
+    by shard (each shard's own generator and RMS), the optimizer by SAM over its whole
+    gradient. Returns the per-rank training losses and each round's held-out loss per
+    agent, which an fsdp run with ``fsdp.replicas: fusion`` and ``agents.roles`` must
+    reproduce."""
     from oresearcher.cooperation.fusion import fuse, group_weights
     from oresearcher.cooperation.roles import param_noise
+    from oresearcher.scenario_types import MAX_WORLD
 
     data = yaml.safe_load(SCENARIO.read_text())
     w, t, f = data["workload"], data["training"], {"temperature": 0.1, "similarity_weight": 0.5}
@@ -226,9 +229,10 @@ def reference_sharded_agents(world, size, interval, steps, roles, seed_of_noise)
         opts.append(torch.optim.AdamW(models[-1].parameters(), lr=lr))
     streams = [TokenStream(PRESETS[w["model"]].vocab_size, w["global_batch"] // world, w["seq_len"], data["seed"], r)
                for r in range(world)]
-    out = [[] for _ in range(world)]
+    heldout = [next(TokenStream(PRESETS[w["model"]].vocab_size, w["global_batch"] // world, w["seq_len"],
+                                data["seed"], MAX_WORLD + s)) for s in range(size)]
+    out, rounds = [[] for _ in range(world)], []
     for step in range(steps):
-        agent_loss = []
         for a, (model, opt) in enumerate(zip(models, opts)):
             ranks = range(a * size, (a + 1) * size)
             batches = [next(streams[r]) for r in ranks]
@@ -247,8 +251,10 @@ def reference_sharded_agents(world, size, interval, steps, roles, seed_of_noise)
             opt.step()
             for r, loss in zip(ranks, losses):
                 out[r].append(loss.item())
-            agent_loss.append(sum(x.item() for x in losses) / size)
         if (step + 1) % interval == 0:
+            with torch.no_grad():
+                agent_loss = [sum(lm_loss(m(b[:, :-1]), b[:, 1:]).item() for b in heldout) / size for m in models]
+            rounds.append(agent_loss)
             flat = torch.stack([torch.nn.utils.parameters_to_vector(m.parameters()).detach() for m in models])
             weights = group_weights(flat, torch.exp(-torch.tensor(agent_loss, dtype=torch.float64)),
                                     torch.zeros(len(models), dtype=torch.bool), **f)
@@ -259,7 +265,7 @@ def reference_sharded_agents(world, size, interval, steps, roles, seed_of_noise)
                         noisy = param_noise(_shard(m, size, s), ROLES["explorer_noise"],
                                             seed_of_noise((step + 1) // interval, a * size + s))
                         _set_shard(m, size, s, noisy)
-    return out
+    return out, rounds
 
 
 def test_sharded_agents_with_roles_fuse_shard_by_shard_as_one_process_fuses_whole_models(tmp_path, child_env):
@@ -280,9 +286,14 @@ def test_sharded_agents_with_roles_fuse_shard_by_shard_as_one_process_fuses_whol
     out = tmp_path / "run"
     _run(["--scenario", str(sc), "--out", str(out)], child_env)
     rep, got = _losses(out, world)
-    want = reference_sharded_agents(world, size, interval, steps, ["explorer", "optimizer"],
-                                    lambda rnd, rank: noise_generator(data["seed"], rnd, rank))
+    want, rounds = reference_sharded_agents(world, size, interval, steps, ["explorer", "optimizer"],
+                                            lambda rnd, rank: noise_generator(data["seed"], rnd, rank))
     worst = max(abs(a - b) / b for g, w in zip(got, want) for a, b in zip(g, w))
+    # each rank's held-out loss on its own batch, averaged over the agent's ranks = the reference's
+    for k, step in enumerate(range(interval - 1, steps, interval)):
+        for a in range(world // size):
+            mine = [rep["metrics"][str(r)][step]["heldout_loss"] for r in range(a * size, (a + 1) * size)]
+            assert sum(mine) / size == pytest.approx(rounds[k][a], rel=1e-5)
     print(f"2 sharded agents x 2 ranks (explorer, SAM optimizer), fused every {interval} steps: "
           f"worst relative loss difference {worst:.2e}")
     assert worst < 1e-4
