@@ -17,9 +17,10 @@ made to work on shards:
   one number (FSDP2 has already reduce-scattered the gradient, so the shards are the
   agent's averaged gradient). Two sharded passes: the simulator charges two schedules.
 - **validator**: trains plainly. The unsharded program's validators score everyone on
-  held-out data; here every agent's reliability is exp(-its own training loss), gathered
-  by the fusion round (the fsdp learner has no held-out split), so no validator is needed
-  and none is forced into the mix.
+  held-out data; here every agent scores itself on the shared held-out set, split over
+  its ranks (:mod:`oresearcher.cooperation.sharded_validation`), since scoring another
+  agent would need its whole model. So no validator is needed and none is forced into
+  the mix.
 
 Roles stay as the mix sets them for the whole run (``cooperation.roles.policy: static``);
 ``plain`` trains every agent plainly. The dynamic switch of the unsharded program
