@@ -219,3 +219,18 @@ def test_the_heldout_forward_by_hand(streams, want):
         yield O.StepDone(0)
     tl = Engine(topo(2), DEVICE, "fp32", "ring").run([prog(r) for r in range(2)])
     assert tl.step_ends[0][0] == pytest.approx(want, rel=1e-9)
+
+
+def test_heldout_batches_are_one_fixed_set_apart_from_every_training_stream():
+    from oresearcher.cooperation.sharded_validation import heldout_batch
+    from oresearcher.tasks.synthetic_lm import TokenStream
+
+    sc = load_scenario("scenarios/cpu-fsdp-agents.yaml")
+    held = [heldout_batch(sc, s) for s in range(2)]
+    assert torch.equal(held[0], heldout_batch(sc, 0))  # the same set at every round (no state)
+    assert not torch.equal(held[0], held[1])  # disjoint streams for an agent's ranks
+    w = sc.workload
+    for rank in range(sc.world_size):  # no training rank sees them
+        train = TokenStream(256, held[0].shape[0], w.seq_len, sc.seed, rank)
+        assert all(not torch.equal(next(train), h) for _ in range(3) for h in held)
+    assert held[0].shape == (2, w.seq_len + 1) and int(held[0].max()) < 256
