@@ -63,6 +63,14 @@ class DeviceProfile(_Strict):
     # (oresearcher/programs/fsdp_costs.py); 0: not priced.
     dtensor_param_step_us: float = Field(0.0, ge=0, le=1e6, description="host cost of one DTensor "
                                          "parameter's optimizer step beyond a plain tensor's, microseconds")
+    # FSDP2's Python bookkeeping around each collective, per parameter of the unit: shards
+    # collected for the copy-in and storages resized and viewed at the copy-out (per
+    # all-gather); reduced shards viewed out and wrapped as DTensor gradients (per
+    # reduce-scatter). Host work: charged on devices without streams. Calibrated; 0: not priced.
+    fsdp_gather_param_us: float = Field(0.0, ge=0, le=1e6, description="FSDP2 bookkeeping per parameter "
+                                        "per all-gather, microseconds (calibrated)")
+    fsdp_reduce_param_us: float = Field(0.0, ge=0, le=1e6, description="FSDP2 bookkeeping per parameter "
+                                        "per reduce-scatter, microseconds (calibrated)")
     # A plain optimizer step (and zero_grad) per parameter element, on this device's host
     # loop (torch.optim on CPU); the fsdp schedule charges its shards' step at it where it
     # prices the passes at pass_flops_per_s (which leaves the optimizer out). 0: not priced.

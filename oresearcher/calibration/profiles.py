@@ -82,6 +82,8 @@ def device_doc(name: str, m: Measurement, memory_bytes: float, jitter: bool = Fa
         **({"memory_bandwidth_GBps": m.copy_Bps / GB} if m.copy_Bps else {}),
         **({"dtensor_param_step_us": m.dtensor_param_step_s / US} if m.dtensor_param_step_s is not None else {}),
         **({"optimizer_element_ns": m.optimizer_element_s / 1e-9} if m.optimizer_element_s is not None else {}),
+        **({"fsdp_gather_param_us": m.gather_param_s / US} if m.gather_param_s is not None else {}),
+        **({"fsdp_reduce_param_us": m.reduce_param_s / US} if m.reduce_param_s is not None else {}),
     }
 
 def fabric_doc(name: str, fit: FabricFit, backend: str = "gloo") -> dict:
@@ -129,6 +131,10 @@ def profile_text(device: dict, fabric: dict, m: Measurement, errors: list[dict])
            f"optimizer step {m.dtensor_param_step_s / US:.1f} us per parameter over a "
            f"plain tensor's -> dtensor_param_step_us; the plain step {m.optimizer_element_s / 1e-9:.2f} ns per "
            "local element -> optimizer_element_ns."] if m.copy_Bps else []),
+        *([f"# fsdp bookkeeping (FSDP2's own functions, one element per rank per parameter): "
+           f"{m.gather_param_s / US:.1f} us per parameter per all-gather -> fsdp_gather_param_us, "
+           f"{m.reduce_param_s / US:.1f} us per reduce-scatter -> fsdp_reduce_param_us."]
+          if m.gather_param_s is not None else []),
         "# collective fit (ring model): kind, bytes, measured us, fitted us, error "
         "(* the workload's sizes, idle; ** in the program's own run)",
     ]

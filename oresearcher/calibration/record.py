@@ -39,6 +39,8 @@ class Measurement:
     copy_Bps: Optional[float] = None  # read + write bytes/s copying a block, every rank at once (fsdp)
     dtensor_param_step_s: Optional[float] = None  # a DTensor shard's optimizer step over a plain one's (fsdp)
     optimizer_element_s: Optional[float] = None  # a plain optimizer step per local element (fsdp)
+    gather_param_s: Optional[float] = None  # FSDP2's bookkeeping per parameter per all-gather (fsdp)
+    reduce_param_s: Optional[float] = None  # the same per reduce-scatter (fsdp)
 
     @property
     def mean_step_s(self) -> float:

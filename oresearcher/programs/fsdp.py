@@ -135,7 +135,8 @@ class Schedule:
         # FSDP2's copies and DTensor dispatch (fsdp_costs.py); None: the collectives and FLOPs only
         self.costs = costs
         p, r = torch.empty((), dtype=param_dtype).element_size(), torch.empty((), dtype=reduce_dtype).element_size()
-        self._copies = [(costs.gather_s(u.padded_numel(n), n, p), costs.reduce_s(u.padded_numel(n), n, p, r))
+        self._copies = [(costs.gather_s(u.padded_numel(n), n, p, len(u.shapes)),
+                         costs.reduce_s(u.padded_numel(n), n, p, r, len(u.shapes)))
                         if costs is not None else ((0.0, 0.0), (0.0, 0.0)) for u in plan.units]
         # this rank's shard of each unit (all-gather input) and each unit's unsharded
         # gradient (reduce-scatter input)

@@ -26,6 +26,14 @@ accumulation on the reduce-scatter stream, beside compute; the copy-out and the 
 run on the compute stream, so with streams only those two are charged. A CPU rank does
 all of it itself.
 
+FSDP2 also runs Python over each unit's parameters around every collective (collecting
+shards, resizing and viewing storages, wrapping gradients as DTensors): host time per
+parameter per all-gather and per reduce-scatter (``DeviceProfile.fsdp_gather_param_us``,
+``fsdp_reduce_param_us``, measured by ``oresearcher.calibrate`` with FSDP2's own functions
+on a model of the scenario's parameter counts and one element per rank,
+``backends/calibration_fsdp_hooks.py``). Charged on devices without streams; a GPU's host
+runs ahead of its kernels.
+
 The optimizer steps DTensor shards: each elementwise op of the step goes through DTensor's
 Python dispatch, a fixed host cost per op, so per parameter per step
 (``DeviceProfile.dtensor_param_step_us``, measured by ``oresearcher.calibrate`` for the
@@ -81,13 +89,16 @@ class HostCosts:
     streams: bool = True
     pass_rate: Optional[float] = None  # FLOP/s of forward/backward alone (None: ``rate``)
     element_s: float = 0.0  # a plain optimizer step per parameter element (charged with ``pass_rate``)
+    gather_param_s: float = 0.0  # FSDP2's bookkeeping per parameter per all-gather (without streams)
+    reduce_param_s: float = 0.0  # the same per reduce-scatter
 
     @classmethod
     def of(cls, device, dtype: str) -> "HostCosts":
         bw = device.memory_bandwidth if device.memory_bandwidth_GBps is not None else None
         flat = device.compute_model == "flat"  # the roofline prices passes by their kernels
         return cls(device.flops_per_s(dtype), bw, device.dtensor_param_step_us * 1e-6, device.streams,
-                   device.pass_flops_per_s if flat else None, device.optimizer_element_ns * 1e-9)
+                   device.pass_flops_per_s if flat else None, device.optimizer_element_ns * 1e-9,
+                   device.fsdp_gather_param_us * 1e-6, device.fsdp_reduce_param_us * 1e-6)
 
     def passes(self, flops: float) -> float:
         """FLOPs to yield for a forward or backward of ``flops`` so that the engine, which
@@ -100,17 +111,20 @@ class HostCosts:
     def copy_s(self, nbytes: float) -> float:
         return 0.0 if self.bandwidth is None else nbytes / self.bandwidth
 
-    def gather_s(self, padded: int, n: int, p: int) -> tuple[float, float]:
-        """(before the collective, after it) seconds on the compute path of one all-gather."""
+    def gather_s(self, padded: int, n: int, p: int, params: int = 0) -> tuple[float, float]:
+        """(before the collective, after it) seconds on the compute path of one all-gather
+        of a unit of ``params`` parameters."""
         copy_in, copy_out = gather_copy_bytes(padded, n, p)
-        return (0.0 if self.streams else self.copy_s(copy_in)), self.copy_s(copy_out)
+        if self.streams:
+            return 0.0, self.copy_s(copy_out)
+        return self.copy_s(copy_in), self.copy_s(copy_out) + params * self.gather_param_s
 
-    def reduce_s(self, padded: int, n: int, p: int, r: int) -> tuple[float, float]:
+    def reduce_s(self, padded: int, n: int, p: int, r: int, params: int = 0) -> tuple[float, float]:
         """(before the collective, after it) seconds on the compute path of one reduce-scatter."""
         copy_in, guard, acc = reduce_copy_bytes(padded, n, p, r)
         if self.streams:
             return self.copy_s(copy_in), 0.0
-        return self.copy_s(copy_in + guard), self.copy_s(acc)
+        return self.copy_s(copy_in + guard), self.copy_s(acc) + params * self.reduce_param_s
 
     def optimizer_s(self, params: int, elements: int) -> float:
         """The sharded optimizer step of ``params`` DTensors holding ``elements`` locally:
