@@ -1,7 +1,7 @@
 """Hosted agents (cooperation.allocation.agents_per_device): the simulator's predicted
 round time beside a real gloo run, op by op, and each agent's device time beside its shares.
 
-    OMP_NUM_THREADS=1 python benchmarks/bench_allocation.py      # about 2 minutes
+    OMP_NUM_THREADS=1 python benchmarks/bench_allocation.py      # about a minute
 
 As the predict-then-measure chain (benchmarks/bench_sim_to_real.py), nothing of the run
 being predicted feeds the prediction:
@@ -22,7 +22,16 @@ being predicted feeds the prediction:
    the seconds between ops per Compute op; scaled by how much slower the calibrated
    ranks computed than that lone rank (same program, per unit of work), it is the
    profile's ``host_overhead_us`` (calibrate measures an empty op with no spans kept).
-4. The real gloo run, then the simulator on the identical scenario with that profile.
+4. The round's all-gather as the critical rank sees it. The simulator completes a
+   collective on every member at once; on this host the members finish it up to tens
+   of ms apart (the first ones go back to computing and hold the cores the others'
+   gloo threads need), and the round goes on when its last arriver has it. Calibrate
+   times an in-run collective as the smallest issue-to-completion over ranks, which is
+   the first to finish, not the last arriver. So a calibration run (its own launch of
+   the same scenario) gives the last arriver's all-gather time per round; the fabric's
+   time terms are scaled (as calibrate scales them) so that the simulator's round
+   all-gather takes that long.
+5. The real gloo run, then the simulator on the identical scenario with that profile.
 
 Round time: the mean over rounds 2.. (round 1 includes start-up and warm-up on gloo).
 The op table (benchmarks/alloc_ops.py) splits it on each round's critical rank (the
@@ -157,6 +166,15 @@ def main(argv=None) -> int:
         host = gap * per_unit / lone_unit
         docs[0]["peak_flops"] = {d: rate for d in docs[0]["peak_flops"]}
         docs[0]["host_overhead_us"] = host * 1e6
+        run(["-m", "oresearcher.run", "--backend=gloo", "--scenario", str(SCENARIO), "--out", str(tmp / "calib"),
+             "--no-tensorboard", *flags], "calibration run")
+        row = "round all-gather (the last to arrive)"
+        want = alloc_ops.mean_ms(alloc_ops.critical_rounds(tmp / "calib"))[row]
+        had = alloc_ops.mean_ms(alloc_ops.critical_rounds(tmp / "sim0", host_s=host_cal))[row]
+        gather = want / had
+        for key in ("base_latency_us", "hop_latency_us", "call_overhead_us"):
+            docs[1][key] *= gather
+        docs[1]["bandwidth_GBps"] /= gather
         prof.write_text(yaml.safe_dump_all(docs))
         run(["-m", "oresearcher.run", "--backend=gloo", "--scenario", str(SCENARIO), "--out", str(tmp / "gloo"),
              "--no-tensorboard", *flags], "gloo run")
@@ -172,8 +190,9 @@ def main(argv=None) -> int:
     print(f"model inputs: host link {link:.2f} GB/s (measured here); compute {rate / 1e9:.3f} GFLOP/s per rank "
           f"(rank {slow}'s own FLOPs; calibrate wrote {rate_cal / 1e9:.3f} from rank 0's); between ops "
           f"{host * 1e6:.1f} us per Compute op ({gap * 1e6:.1f} us on a lone rank x {per_unit / lone_unit:.2f}, "
-          f"the calibrated ranks' slowdown; calibrate wrote {host_cal * 1e6:.1f}); in-run collectives "
-          f"{float(inrun.group(1)) if inrun else 1.0:.2f} x the idle fit")
+          f"the calibrated ranks' slowdown; calibrate wrote {host_cal * 1e6:.1f}); round all-gather "
+          f"{want:.1f} ms for its last arriver in the calibration run (calibrate's in-run fit "
+          f"{float(inrun.group(1)) if inrun else 1.0:.2f} x the idle sweep gave {had:.1f} ms)")
     print(f"round time: predicted {pr * 1e3:.1f} ms, measured {me * 1e3:.1f} ms, error {(pr - me) / me:+.1%}")
     alloc_ops.print_table(pred_ops, meas_ops)
     print("device time / shares per agent (relative error of each agent's fraction, rounds 2..):")
