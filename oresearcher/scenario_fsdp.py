@@ -6,7 +6,7 @@ with one line, which the loader turns into ``file: message`` and exit code 2.
 The role mix (``agents.roles``) counts agents. For every strategy but sharded agents that
 is ``agents.count`` (one rank each); with ``fsdp.replicas: fusion`` an agent is a shard
 group, so the mix adds up to agents.count / fsdp.shard_group_size, and the roles run as
-:mod:`oresearcher.cooperation.sharded_roles` builds them (fixed, SAM optimizers).
+:mod:`oresearcher.cooperation.sharded_roles` builds them (SAM optimizers).
 """
 from __future__ import annotations
 
@@ -40,10 +40,7 @@ def _check_sharded_roles(sc) -> None:
         raise ValueError("agents.roles with training.strategy fsdp needs sharded agents (fsdp.replicas: fusion): "
                          "the shard groups of fsdp.replicas allreduce are one model; set agents.roles to null")
     roles = sc.cooperation.roles
-    if roles.policy == "dynamic":
-        raise ValueError("cooperation.roles.policy dynamic: sharded agents keep the roles of agents.roles for "
-                         "the run; set it to static (or plain: no roles)")
-    if roles.optimizer_method != "sam" and sc.agents.roles.optimizer:
+    if roles.optimizer_method != "sam" and (sc.agents.roles.optimizer or roles.policy == "dynamic"):
         raise ValueError(f"cooperation.roles.optimizer_method {roles.optimizer_method}: sharded optimizers take "
                          f"SAM steps; set it to sam")
 

@@ -48,8 +48,9 @@ def test_a_mix_loads_exactly_when_it_adds_up_to_the_shard_groups(size, e, o, v):
 
 @pytest.mark.parametrize("override,words", [
     (["fsdp.replicas=allreduce"], "needs sharded agents (fsdp.replicas: fusion)"),
-    (["cooperation.roles.policy=dynamic"], "set it to static"),
     (["cooperation.roles.optimizer_method=swa"], "sharded optimizers take SAM steps"),
+    (["agents.roles={explorer: 2}", "cooperation.roles.policy=dynamic", "cooperation.roles.optimizer_method=swa"],
+     "sharded optimizers take SAM steps"),  # dynamic roles may make optimizers
     (["cooperation.fusion.outer=nesterov"], "cooperation.fusion.outer is not built for sharded agents"),
 ])
 def test_what_sharded_roles_do_not_run_is_refused_in_one_line(override, words, tmp_path, capsys):
@@ -234,3 +235,30 @@ def test_heldout_batches_are_one_fixed_set_apart_from_every_training_stream():
         train = TokenStream(256, held[0].shape[0], w.seq_len, sc.seed, rank)
         assert all(not torch.equal(next(train), h) for _ in range(3) for h in held)
     assert held[0].shape == (2, w.seq_len + 1) and int(held[0].max()) < 256
+
+
+def test_dynamic_roles_move_by_difficulty_and_keep_a_validator():
+    # held-out losses 5 and 3: no plateau yet (one round of history), scores exp(-5) and
+    # exp(-3), spread std/mean = 0.761, difficulty 0.38: of the one agent left after the
+    # validator assign_roles keeps, round(0.38) = 0 explore, so the better one optimizes
+    from oresearcher.cooperation.sharded_roles import RoleState, switch_roles
+
+    class Dyn(Spec):
+        policy, plateau_rounds, plateau_tol = "dynamic", 2, 0.01
+
+    state = RoleState(["explorer", "optimizer"])
+    switches = switch_roles(state, torch.tensor([5.0, 3.0]), Dyn, 1)
+    assert state.roles == ["validator", "optimizer"] and state.history == [3.0]
+    assert [(s.rank, s.old, s.new) for s in switches] == [(0, "explorer", "validator")]
+    assert "difficulty 0.38" in switches[0].reason
+    # a non-finite loss is excluded: it ranks last and stays out of the history
+    state = RoleState(["explorer", "optimizer", "validator"])
+    switch_roles(state, torch.tensor([float("nan"), 3.0, 4.0]), Dyn, 1)
+    assert state.history == [3.0] and state.roles[1] == "optimizer" and state.roles[2] == "validator"
+    restored = RoleState([])
+    restored.load_state_dict(state.state_dict())
+    assert restored == state
+    step = RoleStep(None, 2, (2, 3), Dyn, 0, state=RoleState(["explorer", "optimizer"]), agent=1)
+    assert step.sam and step.code == 1.0
+    step.switch(None, 1)  # shape mode: no losses, the roles stay
+    assert step.role == "optimizer"

@@ -22,22 +22,31 @@ made to work on shards:
   agent would need its whole model. So no validator is needed and none is forced into
   the mix.
 
-Roles stay as the mix sets them for the whole run (``cooperation.roles.policy: static``);
-``plain`` trains every agent plainly. The dynamic switch of the unsharded program
-(:func:`roles.assign_roles`) always keeps a validator, which these agents do not need, and
-its plateau history would have to be checkpointed; it is refused at load instead.
+``cooperation.roles.policy``: ``static`` keeps the mix for the whole run; ``plain`` trains
+every agent plainly; ``dynamic`` re-assigns the roles after every round with the unsharded
+program's pure functions, identically on every rank since they see the same gathered
+held-out losses: difficulty (:func:`roles.difficulty`: plateau of the best held-out loss,
+spread of the scores exp(-loss)) sets the share of explorers, the best-scoring agents
+optimize, and :func:`roles.assign_roles` keeps at least one validator, as there. Its state
+(the roles and the loss history) is checkpointed with each rank. The simulator sees no
+losses (shape mode), so it prices the initial roles. PBT exploit/explore and lr jitter are
+not applied to sharded agents.
 """
 from __future__ import annotations
 
 import itertools
+import logging
 import math
+from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
 
 from ..ops import AllReduce, Compute
 from ..seeds import RANK, STREAM, derive
-from .roles import param_noise
+from .roles import ROLE_CODES, assign_roles, difficulty, param_noise
+
+log = logging.getLogger(__name__)
 
 
 def agent_roles(scenario) -> Optional[list[str]]:
@@ -101,26 +110,79 @@ class OnBatch:
         return type(self._learner).forward_backward(self)
 
 
+@dataclass
+class RoleState:
+    """Every agent's role and the best held-out loss of each round (checkpointed)."""
+
+    roles: list
+    history: list = field(default_factory=list)
+
+    def state_dict(self) -> dict:
+        return {"roles": list(self.roles), "history": list(self.history)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.roles, self.history = list(state["roles"]), [float(x) for x in state["history"]]
+
+
+def switch_roles(state: RoleState, losses: torch.Tensor, spec, rnd: int) -> list:
+    """After round ``rnd``: the new roles from the agents' held-out ``losses`` ([n]; a
+    non-finite one is excluded), by roles.difficulty and roles.assign_roles; returns the
+    switches."""
+    lo = torch.as_tensor(losses, dtype=torch.float64)
+    excluded = ~torch.isfinite(lo)
+    healthy = lo[~excluded]
+    state.history.append(float(healthy.min()) if healthy.numel() else float("nan"))
+    scores = torch.exp(-torch.nan_to_num(lo, nan=math.inf, posinf=math.inf))
+    hard, plateau, spread = difficulty(state.history, scores, excluded, spec.plateau_rounds, spec.plateau_tol)
+    reason = f"round {rnd}: difficulty {hard:.2f} (plateau {plateau:.2f}, spread {spread:.2f})"
+    state.roles, switches = assign_roles(state.roles, scores, excluded, hard, reason)
+    return switches
+
+
 # ---- the ops ------------------------------------------------------------------------------
 
 class RoleStep:
     """One rank's role in a sharded-agents run: how it trains and what it does after fusion.
 
-    ``role``: its agent's role; ``shard_group``: the agent's ranks; ``spec``: the scenario's
-    ``cooperation.roles`` (explorer_lr_scale, explorer_noise, optimizer_method, sam_rho).
+    ``role``: its agent's role (or ``state``: every agent's, with ``agent`` its index);
+    ``shard_group``: the agent's ranks; ``spec``: the scenario's ``cooperation.roles``
+    (policy, explorer_lr_scale, explorer_noise, optimizer_method, sam_rho, plateau_*).
     """
 
-    def __init__(self, role: str, rank: int, shard_group, spec, seed: int):
-        self.role, self.rank, self.shard, self.spec, self.seed = role, rank, tuple(shard_group), spec, seed
-        self.sam = role == "optimizer" and spec.optimizer_method == "sam"
+    def __init__(self, role: Optional[str], rank: int, shard_group, spec, seed: int,
+                 state: Optional[RoleState] = None, agent: int = 0):
+        self.rank, self.shard, self.spec, self.seed = rank, tuple(shard_group), spec, seed
+        self.state, self.agent = state or RoleState([role]), (agent if state is not None else 0)
 
     @classmethod
     def build(cls, ctx, shard_group) -> Optional["RoleStep"]:
         roles = agent_roles(ctx.scenario)
         if roles is None:
             return None
-        agent = ctx.rank // len(shard_group)
-        return cls(roles[agent], ctx.rank, shard_group, ctx.scenario.cooperation.roles, ctx.scenario.seed)
+        state = ctx.register("sharded_roles", RoleState(roles))  # a resume loads the roles it had
+        return cls(None, ctx.rank, shard_group, ctx.scenario.cooperation.roles, ctx.scenario.seed,
+                   state=state, agent=ctx.rank // len(shard_group))
+
+    @property
+    def role(self) -> str:
+        return self.state.roles[self.agent]
+
+    @property
+    def sam(self) -> bool:
+        return self.role == "optimizer" and self.spec.optimizer_method == "sam"
+
+    @property
+    def code(self) -> float:
+        """The role as the reports' metric (roles.ROLE_CODES)."""
+        return float(ROLE_CODES[self.role])
+
+    def switch(self, losses, rnd: int) -> None:
+        """``policy: dynamic``: new roles after round ``rnd`` (None losses: shape mode, keep them)."""
+        if self.spec.policy != "dynamic" or losses is None:
+            return
+        for sw in switch_roles(self.state, losses, self.spec, rnd):
+            if sw.rank == self.agent:
+                log.info("rank %d (agent %d): role %s -> %s (%s)", self.rank, self.agent, sw.old, sw.new, sw.reason)
 
     @property
     def lr_scale(self) -> float:

@@ -94,20 +94,20 @@ def _delegated(ctx, learner):
     flops = learner.fwd_flops + learner.bwd_flops
     fusion = FusionRound.build(ctx)
     role = RoleStep.build(ctx, fusion.shard) if fusion is not None else None
-    if role is not None:
-        role.set_lr(learner, ctx.scenario.training.lr)
     heldout = None if fusion is None else heldout_batch(ctx.scenario, fusion.shard.index(ctx.rank), ctx.device)
     guard = Guard.for_context(ctx)  # training.on_divergence (oresearcher.divergence)
     for step in range(ctx.start_step, ctx.steps):
         if role is None:
             metrics = yield Compute(sharded_forward_backward, learner, flops=flops, name="fsdp_forward_backward")
         else:
+            role.set_lr(learner, ctx.scenario.training.lr)  # the role's lr (dynamic roles change it)
             batch = yield Compute(next, learner.batches, name="batch")
             fixed = OnBatch(learner, batch)
 
             def one_pass():
                 return (yield Compute(sharded_forward_backward, fixed, flops=flops, name="fsdp_forward_backward"))
             metrics = yield from role.train(one_pass, learner.numel, learner)
+            metrics["role"] = role.code
         if not (yield from guard_sharded(ctx, guard, step, metrics)):
             yield Compute(learner.optimizer_step, name="optimizer")
         if fusion is not None and fusion.due(step):
@@ -117,6 +117,7 @@ def _delegated(ctx, learner):
             fused = yield from fusion.run(flat, metrics["heldout_loss"])
             if role is not None:
                 fused = yield from role.after_fusion(fused, fusion.round(step))
+                role.switch(fusion.losses, fusion.round(step))  # policy dynamic: the next step's roles
             yield Compute(learner.set_local_flat, fused, name="unpack")
         if ctx.should_eval(step):
             metrics.update((yield Compute(learner.evaluate, name="evaluate")))
@@ -289,6 +290,7 @@ class FusionRound:
     def __init__(self, rank: int, world_size: int, size: int, interval: int, fusion_spec):
         self.shard, self.replicate = shard_groups(rank, world_size, size)
         self.agent, self.interval = rank // size, interval
+        self.losses = None  # the agents' held-out losses of the last round (real runs)
         self.options = dict(method=fusion_spec.method, temperature=fusion_spec.temperature,
                             similarity_weight=fusion_spec.similarity_weight)
 
@@ -317,7 +319,7 @@ class FusionRound:
         if meta:
             rel = excluded = None
         else:
-            lo = torch.cat(losses)
+            lo = self.losses = torch.cat(losses)
             excluded = ~torch.isfinite(lo)
             rel = torch.exp(-torch.nan_to_num(lo, nan=0.0, posinf=0.0))
         return (yield from fuse_sharded(flat, self.agent, rel, excluded, shard_group=self.shard,
