@@ -1,7 +1,8 @@
 """The communication-overhead controller against fixed sharing intervals.
 
-    OMP_NUM_THREADS=1 python benchmarks/bench_budget.py                 # both parts, ~2 min on 2 busy cores
-    OMP_NUM_THREADS=1 python benchmarks/bench_budget.py --steps 40 --seeds 1
+    OMP_NUM_THREADS=1 python benchmarks/bench_budget.py                 # all, ~12 min on 2 busy cores
+    OMP_NUM_THREADS=1 python benchmarks/bench_budget.py --tasks none     # the cost table alone
+    OMP_NUM_THREADS=1 python benchmarks/bench_budget.py --tasks lm --seeds 1
 
 Cost (shape mode, ``scenarios/8xA100.yaml``, ``--steps`` steps, fusion every 100): the
 gradient shared every 1, 10, 100 or 1000 local steps (``communication.share_every``),
@@ -9,17 +10,31 @@ against ``communication.budget`` (the controller of :mod:`oresearcher.cooperatio
 fusion rounds). Per step and rank: step time, exposed communication, overhead, time
 waiting for slower peers and wire bytes, as ``python -m oresearcher.sim`` reports them.
 
-Quality (numeric mode in the simulator, ``scenarios/digits-4.yaml``, 200 steps, seeds
-0-2): the same fixed intervals and the controller at the same budget; final test
-accuracy (mean of the 4 agents, then mean +- std over seeds), overhead and bytes; once
-with the shipped SWA optimizers, once with SAM optimizers (two passes a step: the
-reference's imbalance).
-The figure (``--plot``): overhead and wire bytes per configuration, both parts.
+Quality (numeric mode in the simulator, seeds 0-2; final metric: mean of the 4 agents,
+then mean +- std over seeds), with overhead and bytes, the same fixed intervals and the
+controller at the same budget, once with the shipped SWA optimizers, once with SAM
+optimizers (two passes a step: the reference's imbalance):
+
+- ``scenarios/digits-4.yaml``, 200 steps, fusion every 25: test accuracy;
+- synthetic-lm (``scenarios/cpu-tiny.yaml``: gpt-tiny, the smallest preset, 0.8M
+  parameters; numeric, 16-token sequences, 4 per agent, the cooperative settings of
+  digits-4), 48 steps, fusion every 12 (4 rounds: 3 controller decisions): next-token
+  accuracy of each agent's final model on a held-out stream of the same Markov chain
+  (8 x 32 sequences: 4,096 tokens). 48 steps is early in training: "share every 1"
+  reaches ~0.84 and sharing once a round ~0.57, so a controller that shared too little
+  would show (the chain's ceiling is ~0.9).
+
+Verdict of every row against "share every 1": the difference of the means, and "within
+noise" when it is at most twice the pooled seed std (sqrt of the mean of the two
+variances), else "loss" or "gain".
+The figure (``--plot``): overhead and wire bytes per configuration, and both accuracies.
 """
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -29,8 +44,20 @@ from rich.table import Table
 from oresearcher.scenario import load_scenario
 from oresearcher.sim.simulate import simulate
 
-REFERENCE, DIGITS = "scenarios/8xA100.yaml", "scenarios/digits-4.yaml"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_cooperation import COOP  # noqa: E402  (digits-4's cooperative settings)
+
+REFERENCE, DIGITS, LM = "scenarios/8xA100.yaml", "scenarios/digits-4.yaml", "scenarios/cpu-tiny.yaml"
 INTERVALS = (1, 10, 100, 1000)
+METHODS = ("swa", "sam")
+LM_STEPS, LM_INTERVAL = 48, 12
+LM_SETS = ["simulation.mode=numeric", "training.strategy=oresearcher", "workload.seq_len=16", "training.lr=0.003",
+           f"training.steps={LM_STEPS}", f"communication.interval={LM_INTERVAL}",
+           "agents.roles={explorer: 1, optimizer: 2, validator: 1}", *COOP]
+HELD_OUT = (8, 32)  # held-out batches x sequences (x 16 tokens: 4,096 next-token predictions)
+TASKS = {"digits": "digits-4 (numeric, 200 steps, fusion every 25): final test accuracy",
+         "lm": f"synthetic-lm gpt-tiny (numeric, {LM_STEPS} steps, fusion every {LM_INTERVAL}): "
+               "held-out next-token accuracy"}
 
 
 def configs(budget: float) -> list[tuple[str, list[str]]]:
@@ -46,17 +73,84 @@ def cost_row(sets: list[str], steps: int) -> dict:
                              for m in r["metrics"]["0"] if "budget_rung" in m})}
 
 
-def quality_row(sets: list[str], seeds: list[int]) -> dict:
+def digits_run(sets: list[str], seed: int) -> tuple[dict, float]:
+    """(report, final test accuracy: mean of the agents) of one digits-4 run."""
+    r, _ = simulate(load_scenario(DIGITS, sets + [f"seed={seed}"]))
+    return r, statistics.fmean(ms[-1]["test_accuracy"] for ms in r["metrics"].values())
+
+
+def lm_run(sets: list[str], seed: int) -> tuple[dict, float]:
+    """(report, held-out next-token accuracy of the agents' final models, their mean) of
+    one synthetic-lm run; the learners are kept (coop_harness) and scored after the run."""
+    from coop_harness import instrumented, lm_eval_fn, metric_of
+
+    sc = load_scenario(LM, LM_SETS + sets + [f"seed={seed}"])
+    with instrumented() as got:
+        r, _ = simulate(sc)
+    held_out = lm_eval_fn(sc, *HELD_OUT)
+    for learner in got["learners"]:
+        learner.eval_fn = held_out
+    return r, statistics.fmean(metric_of(learner) for learner in got["learners"])
+
+
+RUNS = {"digits": digits_run, "lm": lm_run}
+
+
+def quality_row(task: str, sets: list[str], seeds: list[int]) -> dict:
     acc, ovh, byt = [], [], []
     for seed in seeds:
-        r, _ = simulate(load_scenario(DIGITS, sets + [f"seed={seed}"]))
-        last = [ms[-1] for ms in r["metrics"].values()]
-        acc.append(statistics.fmean(m["test_accuracy"] for m in last))
+        r, a = RUNS[task](sets, seed)
+        acc.append(a)
         ovh.append(r["comm_overhead"])
         byt.append(r["wire_bytes_per_step"])
     sd = statistics.stdev(acc) if len(acc) > 1 else 0.0
-    return {"acc": statistics.fmean(acc), "acc_sd": sd, "overhead": statistics.fmean(ovh),
+    return {"accs": acc, "acc": statistics.fmean(acc), "acc_sd": sd, "overhead": statistics.fmean(ovh),
             "bytes": statistics.fmean(byt)}
+
+
+def quality_rows(task: str, method: str, budget: float, seeds: list[int]) -> dict:
+    return {name: quality_row(task, sets + [f"cooperation.roles.optimizer_method={method}"], seeds)
+            for name, sets in configs(budget)}
+
+
+def verdict(row: dict, ref: dict) -> str:
+    """The row's mean against the reference's: "within noise" when the difference is at
+    most twice the pooled seed std, else "loss" or "gain"."""
+    d = row["acc"] - ref["acc"]
+    noise = 2 * math.sqrt((row["acc_sd"] ** 2 + ref["acc_sd"] ** 2) / 2)
+    word = "within noise" if abs(d) <= noise else "loss" if d < 0 else "gain"
+    return f"{d:+.4f} ({word}, 2sd {noise:.4f})"
+
+
+def quality_cells(rows: dict) -> dict[str, list[str]]:
+    """name -> [accuracy, verdict, overhead, bytes] as the tables show them."""
+    ref = rows["share every 1"]
+    return {name: [f"{r['acc']:.4f} +- {r['acc_sd']:.4f}", "reference" if r is ref else verdict(r, ref),
+                   f"{r['overhead']:.2%}", f"{r['bytes'] / 1e3:,.1f} kB"] for name, r in rows.items()}
+
+
+def markdown(task: str, quality: dict) -> str:
+    """The README block of one task: SWA and SAM side by side; rows whose cells are all
+    equal share a line."""
+    cells = {}
+    for method in METHODS:
+        for name, row in quality_cells(quality[method]).items():
+            cells[name] = cells.get(name, []) + row
+    merged: list[list] = []
+    for name, row in cells.items():
+        if merged and merged[-1][1] == row and name.startswith("share every"):
+            merged[-1][0] += " / " + name.removeprefix("share every ")
+        else:
+            merged.append([name, row])
+    label, metric = ("digits-4", "test accuracy") if task == "digits" else ("synthetic-lm", "next-token accuracy")
+    head = [f"| {label} | " + " | ".join(f"{m.upper()}: {metric} | vs share every 1 | overhead | wire bytes / step"
+                                        for m in METHODS) + " |", "|---" * (1 + 4 * len(METHODS)) + "|"]
+    return "\n".join(head + [f"| {n} | " + " | ".join(r) + " |" for n, r in merged]) + "\n"
+
+
+def readme_block(task: str) -> str:
+    """What readme_figures.py writes between ``<!-- fig:budget-digits -->`` (or -lm) markers."""
+    return markdown(task, {m: quality_rows(task, m, 0.083, [0, 1, 2]) for m in METHODS})
 
 
 def cost_table(rows: dict, steps: int) -> Table:
@@ -69,12 +163,12 @@ def cost_table(rows: dict, steps: int) -> Table:
     return t
 
 
-def quality_table(rows: dict, seeds: list[int], method: str) -> Table:
-    t = Table(title=f"digits-4, {method} optimizers (numeric mode, 200 steps, seeds {seeds}): final test accuracy")
-    for c in ("configuration", "test accuracy", "overhead", "wire bytes / step"):
+def quality_table(task: str, rows: dict, seeds: list[int], method: str) -> Table:
+    t = Table(title=f"{TASKS[task]}, {method} optimizers, seeds {seeds}")
+    for c in ("configuration", "accuracy", "vs share every 1", "overhead", "wire bytes / step"):
         t.add_column(c, justify="left" if c == "configuration" else "right")
-    for name, r in rows.items():
-        t.add_row(name, f"{r['acc']:.4f} +- {r['acc_sd']:.4f}", f"{r['overhead']:.2%}", f"{r['bytes'] / 1e3:,.1f} kB")
+    for name, cells in quality_cells(rows).items():
+        t.add_row(name, *cells)
     return t
 
 
@@ -84,7 +178,7 @@ def plot(cost: dict, quality: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    fig, axes = plt.subplots(1, 2 + len(quality), figsize=(5 * (2 + len(quality)), 4))
     names = list(cost)
     axes[0].bar(names, [cost[n]["overhead"] * 100 for n in names], color="tab:red")
     axes[0].set_ylabel("communication overhead (%)")
@@ -92,14 +186,15 @@ def plot(cost: dict, quality: dict, path: Path) -> None:
     axes[1].bar(names, [cost[n]["bytes"] / 1e9 for n in names], color="tab:blue")
     axes[1].set_ylabel("wire bytes per step and rank (GB)")
     axes[1].set_title("8xA100, shape mode")
-    for i, (method, rows) in enumerate(quality.items()):
-        q = list(rows)
-        axes[2].errorbar([x + 0.1 * i for x in range(len(q))], [rows[n]["acc"] for n in q],
-                         yerr=[rows[n]["acc_sd"] for n in q], fmt="o", label=f"{method.upper()} optimizers")
-        axes[2].set_xticks(range(len(q)), q)
-    axes[2].legend()
-    axes[2].set_ylabel("final test accuracy (mean of agents)")
-    axes[2].set_title("digits-4, numeric mode")
+    for ax, (task, by_method) in zip(axes[2:], quality.items()):
+        for i, (method, rows) in enumerate(by_method.items()):
+            q = list(rows)
+            ax.errorbar([x + 0.1 * i for x in range(len(q))], [rows[n]["acc"] for n in q],
+                        yerr=[rows[n]["acc_sd"] for n in q], fmt="o", label=f"{method.upper()} optimizers")
+            ax.set_xticks(range(len(q)), q)
+        ax.legend()
+        ax.set_ylabel("final accuracy (mean of agents)")
+        ax.set_title(("digits-4" if task == "digits" else "synthetic-lm") + ", numeric mode")
     for ax in axes:
         ax.tick_params(axis="x", rotation=30, labelsize=8)
     fig.tight_layout()
@@ -111,18 +206,22 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=200, help="8xA100 steps (two fusion rounds at 200)")
     ap.add_argument("--budget", type=float, default=0.083, help="communication.budget of the controller rows")
-    ap.add_argument("--seeds", type=int, default=3, help="digits seeds 0..N-1")
+    ap.add_argument("--seeds", type=int, default=3, help="quality seeds 0..N-1")
+    ap.add_argument("--tasks", default="digits,lm", help="quality tasks, comma-separated: digits, lm (or none)")
     ap.add_argument("--plot", type=Path, default=Path("runs/bench_budget/budget.png"))
     args = ap.parse_args()
+    tasks = [t for t in args.tasks.split(",") if t and t != "none"]
+    if any(t not in TASKS for t in tasks):
+        ap.error(f"--tasks: unknown task in {args.tasks!r} (known: {', '.join(TASKS)})")
     out, t0 = Console(width=150), time.perf_counter()
     cost = {name: cost_row(sets, args.steps) for name, sets in configs(args.budget)}
     out.print(cost_table(cost, args.steps))
-    seeds = list(range(args.seeds))
-    quality = {}
-    for method in ("swa", "sam"):
-        quality[method] = {name: quality_row(sets + [f"cooperation.roles.optimizer_method={method}"], seeds)
-                           for name, sets in configs(args.budget)}
-        out.print(quality_table(quality[method], seeds, method.upper()))
+    seeds, quality = list(range(args.seeds)), {}
+    for task in tasks:
+        quality[task] = {}
+        for method in METHODS:
+            quality[task][method] = quality_rows(task, method, args.budget, seeds)
+            out.print(quality_table(task, quality[task][method], seeds, method.upper()))
     plot(cost, quality, args.plot)
     out.print(f"wrote {args.plot} ({time.perf_counter() - t0:.0f} s)")
 

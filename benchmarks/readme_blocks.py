@@ -235,28 +235,13 @@ def budget_8xa100() -> str:
     return "\n".join(rows) + "\n"
 
 
-def budget_digits() -> str:
-    """bench_budget.py's digits-4 tables (numeric mode, seeds 0-2), SWA and SAM side by side;
-    rows whose cells are equal share a line."""
+def budget_quality(task: str) -> str:
+    """bench_budget.py's quality table of ``task`` (digits or lm; numeric mode, seeds 0-2),
+    SWA and SAM side by side, each row's verdict against "share every 1"."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    from bench_budget import configs, quality_row
+    from bench_budget import readme_block
 
-    cells = {}
-    for name, sets in configs(0.083):
-        row = []
-        for method in ("swa", "sam"):
-            q = quality_row(sets + [f"cooperation.roles.optimizer_method={method}"], [0, 1, 2])
-            row += [f"{q['acc']:.4f} +- {q['acc_sd']:.4f}", f"{q['overhead']:.2%}", f"{q['bytes'] / 1e3:,.1f} kB"]
-        cells[name] = row
-    merged: list[list] = []
-    for name, row in cells.items():
-        if merged and merged[-1][1] == row and name.startswith("share every"):
-            merged[-1][0] += " / " + name.removeprefix("share every ")
-        else:
-            merged.append([name, row])
-    rows = ["| digits-4 | SWA: test accuracy | overhead | wire bytes / step | SAM: test accuracy | overhead | "
-            "wire bytes / step |", "|---|---|---|---|---|---|---|"]
-    return "\n".join(rows + [f"| {n} | " + " | ".join(r) + " |" for n, r in merged]) + "\n"
+    return readme_block(task)
 
 
 def faults_checkpoint() -> str:
@@ -379,7 +364,10 @@ BLOCKS = [
     Block("sim-distill", "python -m oresearcher.sim scenarios/8xA100.yaml ... --set distill.student=gpt-125m",
           sim_distill, quick=False),
     Block("budget-8xA100", "python benchmarks/bench_budget.py (the 8xA100 table)", budget_8xa100, quick=False),
-    Block("budget-digits", "python benchmarks/bench_budget.py (the digits-4 tables)", budget_digits, quick=False),
+    Block("budget-digits", "python benchmarks/bench_budget.py (the digits-4 tables)", lambda: budget_quality("digits"),
+          quick=False),
+    Block("budget-lm", "python benchmarks/bench_budget.py (the synthetic-lm tables)", lambda: budget_quality("lm"),
+          quick=False),
     Block("faults-checkpoint", "python benchmarks/bench_faults.py", faults_checkpoint, quick=False),
     Block("fsdp-published", "python benchmarks/bench_fsdp_published.py", fsdp_published, quick=False),
     Block("sim-finance", "python -m oresearcher.sim scenarios/finance.yaml", sim_finance, quick=False),

@@ -1,6 +1,7 @@
 """The communication-overhead controller alone (oresearcher.cooperation.budget), on hand-made histories."""
 import math
 
+import pytest
 from hypothesis import given, strategies as st
 
 from oresearcher.cooperation import budget as B
@@ -70,9 +71,69 @@ def test_over_budget_tightens_to_least_aggressive_fitting_rung():
 
 
 def test_unreachable_budget_takes_the_most_aggressive_rung():
-    o = world(0, sync=50.0)  # the round's end alone is over any budget
+    # the round's end is small, but the sharing costs too much at every rung
+    o = obs([20, 20, 20, 20], [1000] * 4, [1e6] * 4, [0.01] * 4, 1000)  # 1000 s a share
     d = B.decide([o], RUNGS, 0, 0.083, 1, -10)
+    assert B.end_floor(o) < 0.01
     assert d.rung == len(RUNGS) - 1 and "most aggressive" in d.reason
+
+
+def test_floor_is_the_round_without_shares():
+    # equal compute: the round's fixed end only; 3 s of the 23 s round
+    assert B.end_floor(obs([20] * 4, [20] * 4, [5.0] * 4, [3.0] * 4, 4)) == pytest.approx(3 / 23)
+    # unequal compute (allocation): the agents with less wait for the longest too
+    o = obs([10, 20, 30, 40], [10, 20, 30, 40], [0.0] * 4, [12.0, 2.0, 5.0, 2.0], 0)
+    assert B.end_floor(o) == pytest.approx(1 - 100 / (4 * 42))
+    assert o.overhead() == pytest.approx(21 / 121)  # what was measured need not equal it
+
+
+@given(st.lists(st.floats(0.1, 100), min_size=1, max_size=8), st.floats(0.0, 50), st.integers(0, 60),
+       st.floats(0.0, 20))
+def test_every_prediction_is_at_least_the_floor(compute, sync, rung, share):
+    n = len(compute)
+    o = obs(compute, [10] * n, [share] * n, [sync] * n, 10 if share else 0)
+    floor = B.end_floor(o)
+    assert 0.0 <= floor < 1.0
+    assert B.predict([o], RUNGS, rung % len(RUNGS), 0, "bf16") >= floor - 1e-12
+
+
+@given(st.lists(st.floats(1, 100), min_size=2, max_size=8), st.floats(0.01, 50), st.floats(0.01, 0.5))
+def test_fusion_factor_reaches_the_target(compute, sync, target):
+    n = len(compute)
+    o = obs(compute, [10] * n, [0.0] * n, [sync] * n, 0)
+    f = B.fusion_factor(o, target)
+    if B.end_floor(o) <= target:
+        assert f == 1.0
+    elif not math.isfinite(f):  # unequal compute alone is over it: any interval
+        assert B.end_floor(obs([c * 1e9 for c in compute], [10] * n, [0.0] * n, [sync] * n, 0)) >= target - 1e-9
+    else:  # compute (and its spread) grow with the interval, the fixed end does not
+        longer = obs([c * f for c in compute], [10] * n, [0.0] * n, [sync] * n, 0)
+        assert B.end_floor(longer) == pytest.approx(target, rel=1e-6, abs=1e-9)
+
+
+def test_round_end_over_budget_holds_the_sharing_and_names_the_interval():
+    o = world(0, sync=50.0)  # the round's end alone is over any budget; sharing costs 2 s of 72
+    d = B.decide([o], RUNGS, 0, 0.083, 1, -10)
+    assert B.end_floor(o) > 0.5 and o.overhead() > 0.5
+    assert d.rung == 0 and "the round's end alone is" in d.reason and "hold" in d.reason
+    f = B.fusion_factor(o, B.TARGET * 0.083)
+    assert f"fusion interval {f:.1f}x as long" in d.reason and f > 10
+
+
+def test_round_end_over_budget_still_tightens_an_expensive_sharing():
+    o = world(0, xfer=2.0, sync=5.0)  # 20 s of shares and 5 s of round end on 20 s of compute
+    d = B.decide([o], RUNGS, 0, 0.083, 1, -10)
+    floor = B.end_floor(o)
+    assert floor > B.TARGET * 0.083 and "tighten" in d.reason
+    assert d.predicted - floor <= B.TARGET * 0.083
+    assert B.predict([o], RUNGS, d.rung - 1, 0, "bf16") - floor > B.TARGET * 0.083  # the least aggressive
+
+
+def test_unequal_compute_alone_over_target_names_no_interval():
+    o = obs([5, 20, 20, 20], [5, 20, 20, 20], [0.0] * 4, [15.0, 0.1, 0.1, 0.1], 0)
+    assert not math.isfinite(B.fusion_factor(o, 0.05))
+    d = B.decide([o], RUNGS, 0, 0.083, 1, -10)
+    assert "no fusion interval would fit" in d.reason
 
 
 def test_under_budget_relaxes_after_cooldown_only():

@@ -42,6 +42,19 @@ def test_tight_budget_tightens_the_codec_and_sends_fewer_bytes():
     assert "over budget" in _decisions(ctl)["0"][0]
 
 
+def test_round_end_bound_run_holds_the_sharing_and_reports_the_floor():
+    """digits-4: the validators' scoring and the parameter gather at the round's end are
+    over any budget; every round reports the floor under the measured overhead and says so."""
+    r = simulate(load_scenario("scenarios/digits-4.yaml", ["training.steps=60", "communication.interval=15",
+                                                           "communication.budget=0.083"]))[0]
+    rounds = [m for m in r["metrics"]["0"] if "budget_floor" in m]
+    assert len(rounds) == 3
+    for m in rounds:
+        assert 0.083 < m["budget_floor"] <= m["budget_overhead"] + 1e-9
+        assert "the round's end alone is" in m["budget_reason"]
+        assert "fusion interval" in m["budget_reason"]
+
+
 def test_reference_interpreter_without_clock_runs_numeric_digits():
     sc = load_scenario("scenarios/digits-4.yaml", ["training.steps=12", "communication.interval=4",
                                                    "communication.budget=0.083"])

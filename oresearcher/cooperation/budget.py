@@ -27,7 +27,16 @@ budget, at least ``COOLDOWN`` rounds after the last tightening, and only to a ru
 predicted under ``RELAX_TO`` x budget (below the tightening threshold with margin).
 The prediction scales the observed per-share transfer time (the least any agent was
 blocked per share: the last to arrive only pays the transfer) by shares per round and
-by the codec's wire bytes per element.
+by the codec's wire bytes per element; every agent is blocked for what its own compute
+leaves of the round, so unequal compute (the allocation's step counts) counts too.
+
+The round's end is not the controller's: with no share at all an agent still waits there
+for the longest compute and pays the parameter gather, the validators' scoring and the
+score gather (:func:`end_floor`). When that alone is over the target no rung can fit, and
+tightening the sharing would cost quality for a budget it cannot meet: the controller
+then keeps the sharing's own part (predicted minus floor) under ``TARGET`` x budget, and
+logs the fusion interval that would fit (:func:`fusion_factor`; the interval is
+``communication.interval``, fixed for the run, so it is named, not changed).
 
 Vocabulary: *exposed* seconds are a rank's time blocked in communication (the gradient
 shares and the round's end: parameter gather and score gather); *overhead* is exposed /
@@ -129,15 +138,46 @@ def _transfer_per_share(history: Sequence[Observation]) -> float:
 
 
 def predict(history: Sequence[Observation], rungs, rung: int, now: int, dtype: str) -> float:
-    """Overhead predicted for ``rung`` from the last observation taken at rung ``now``."""
+    """Overhead predicted for ``rung`` from the last observation taken at rung ``now``: the
+    round lasts the longest compute plus the shares (all arrive together) plus the round's
+    end, and every agent is blocked for what its own compute leaves of it."""
     obs = history[-1]
     w, spec = rungs[rung]
     k = balance(step_costs(obs), w)
     m = shares_per_round(obs.steps, k)
     scale = bytes_per_element(spec, dtype) / bytes_per_element(rungs[now][1], dtype)
-    exposed = m * _transfer_per_share(history) * scale + min(obs.sync_s)
-    compute = max(obs.compute_s)  # a balanced round lasts as long as the slowest compute
-    return exposed / (compute + exposed) if compute + exposed > 0 else 0.0
+    n = len(obs.compute_s)
+    length = max(obs.compute_s) + m * _transfer_per_share(history) * scale + min(obs.sync_s)
+    return 1.0 - sum(obs.compute_s) / (n * length) if n and length > 0 else 0.0
+
+
+def end_floor(obs: Observation) -> float:
+    """The overhead of ``obs``'s round had it shared no gradient at all: every agent waits
+    at the round's end for the one with the most compute, then pays the round's end itself
+    (the least any agent was blocked there: parameter gather, the validators' scoring,
+    score gather). No sharing rung goes below it; the fusion interval and the allocation's
+    step counts set it."""
+    n, r = len(obs.compute_s), max(obs.compute_s, default=0.0) + min(obs.sync_s, default=0.0)
+    return 1.0 - sum(obs.compute_s) / (n * r) if n and r > 0 else 0.0
+
+
+def fusion_factor(obs: Observation, target: float) -> float:
+    """How many times longer the fusion interval must be for :func:`end_floor` to reach
+    ``target``: compute and the waiting for the longest compute grow with the interval,
+    the round's fixed end does not. 1 when it is already under; inf when the agents'
+    unequal compute alone is over ``target`` (no interval fits)."""
+    n, c = len(obs.compute_s), sum(obs.compute_s)
+    if not n or end_floor(obs) <= target:
+        return 1.0
+    room = c - (1.0 - target) * n * max(obs.compute_s)
+    return (1.0 - target) * n * min(obs.sync_s) / room if room > 0 else math.inf
+
+
+def _floor_note(obs: Observation, budget: float) -> str:
+    """What would fit when the round's end alone is over the target."""
+    f = fusion_factor(obs, TARGET * budget)
+    return (f"a fusion interval {f:.1f}x as long (communication.interval) would fit" if math.isfinite(f) else
+            "the agents' unequal compute (roles, allocation) alone is over it: no fusion interval would fit")
 
 
 @dataclass
@@ -177,7 +217,15 @@ def decide(history: Sequence[Observation], rungs, rung: int, budget: float, rnd:
     o = obs.overhead()
     pred = [predict(history, rungs, r, rung, dtype) for r in range(len(rungs))]
     new, why = rung, "within band"
-    if o > budget:
+    floor = end_floor(obs)
+    if o > budget and floor > TARGET * budget:  # no rung fits: keep the sharing's own part under target
+        fits = [r for r in range(rung, len(rungs)) if pred[r] - floor <= TARGET * budget]
+        new = fits[0] if fits else len(rungs) - 1
+        why = (f"over budget, but the round's end alone is {floor:.1%} and no sharing rung goes below it "
+               f"({_floor_note(obs, budget)}); the sharing's own part "
+               + ("predicted under target: hold" if new == rung else "over target: tighten" if fits else
+                  "over target at every rung: most aggressive"))
+    elif o > budget:
         fits = [r for r in range(rung, len(rungs)) if pred[r] <= TARGET * budget]
         new = fits[0] if fits else len(rungs) - 1
         why = ("over budget; no rung predicted under target: most aggressive" if not fits else

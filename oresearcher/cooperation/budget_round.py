@@ -117,5 +117,6 @@ class BudgetRun:
         self._log(d.reason)
         w, spec = self.rungs[d.rung]
         return {"budget_overhead": d.overhead, "budget_predicted": d.predicted, "budget_rung": float(d.rung),
+                "budget_floor": B.end_floor(st.history[-1]),
                 "budget_widen": float(w), "budget_k": float(d.k[ctx.rank]), "budget_codec": spec,
                 "budget_reason": d.reason}
