@@ -21,12 +21,12 @@ from pathlib import Path
 
 # rows of the table: (label, span names)
 ROWS = (("swap in + out", ("swap_in", "swap_out")),
-        ("forward+backward", ("fwd_bwd",)),
-        ("optimizer steps", ("optimizer",)),
+        ("agent steps (forward+backward, optimizer)", ("fwd_bwd", "optimizer")),  # the rate folds both
         ("pack weights + stats", ("pack",)),
         ("round all-gather (the last to arrive)", ("round_gather",)),
         ("fusion", ("fusion",)))
 GATHER = "round_gather"
+GATHER_ROW = ROWS[3][0]
 BETWEEN = "between ops (Python)"
 
 
@@ -71,13 +71,17 @@ def critical_rounds(run_dir: Path, skip_rounds: int = 1, host_s: float = 0.0) ->
         row = {label: sum(got[n] for n in names) for label, names in ROWS}
         row[BETWEEN] = got["_round"] - sum(v for k, v in got.items() if not k.startswith("_"))
         row["round"], row["compute"] = got["_round"], got["_compute"]
+        mine = report["metrics"][str(crit)][i]  # the critical rank's own agents carry device_s
+        row["units"] = sum(v for key, v in mine.items() if key.startswith("units.")
+                           and f"device_s.{key.split('.')[1]}" in mine)
+        row["steps"] = got["fwd_bwd"] + got["optimizer"]
         row["rank"], row["compute_ops"] = crit, got["_ops"]
         per_round.append(row)
     return per_round[skip_rounds:]
 
 
 def mean_ms(rows: list[dict]) -> dict:
-    return {k: 1e3 * statistics.fmean(r[k] for r in rows) for k in rows[0] if k not in ("rank", "compute_ops")}
+    return {k: 1e3 * statistics.fmean(r[k] for r in rows) for k in rows[0] if k not in ("rank", "compute_ops", "units")}
 
 
 def print_table(pred: dict, meas: dict) -> None:
