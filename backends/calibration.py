@@ -287,4 +287,4 @@ def _fsdp_fields(per_rank: list) -> dict:
     if any(f is None for f in per_rank):
         return {}
     return {k: statistics.median(f[k] for f in per_rank) for k in ("copy_Bps", "dtensor_param_step_s", "optimizer_element_s",
-                                                     "gather_param_s", "reduce_param_s")}
+                                                     "gather_param_s", "reduce_param_s", "unit_step_s")}

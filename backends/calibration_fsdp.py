@@ -87,8 +87,8 @@ def optimizer_steps(shapes, world: int, optimizer: str, repeats: int = 15) -> tu
 
 
 def measure_fsdp_costs(scenario, world: int, device) -> dict | None:
-    """{copy_Bps, dtensor_param_step_s, optimizer_element_s, gather_param_s, reduce_param_s}
-    for a language-model scenario on CPU (None otherwise)."""
+    """{copy_Bps, dtensor_param_step_s, optimizer_element_s, gather_param_s, reduce_param_s,
+    unit_step_s} for a language-model scenario on CPU (None otherwise)."""
     if scenario.workload.task != "synthetic-lm" or torch.device(device).type != "cpu":
         return None  # GPUs: the profile's datasheet bandwidth; DTensor dispatch overlaps the device
     from oresearcher.sharding import scenario_plan
@@ -99,6 +99,7 @@ def measure_fsdp_costs(scenario, world: int, device) -> dict | None:
                                   "fp16": torch.float16}[scenario.workload.dtype]).element_size()
     shapes = [s for u in plan.units for s in u.shapes]
     dispatch, element = optimizer_steps(shapes, world, scenario.workload.optimizer)
-    gather, reduce = bookkeeping(len(plan.root.shapes), [len(b.shapes) for b in plan.blocks], world)
+    gather, reduce, hooks = bookkeeping(len(plan.root.shapes), [len(b.shapes) for b in plan.blocks], world)
     return {"copy_Bps": copy_bandwidth(block.numel * item, device=device), "dtensor_param_step_s": dispatch,
-            "optimizer_element_s": element, "gather_param_s": gather, "reduce_param_s": reduce}
+            "optimizer_element_s": element, "gather_param_s": gather, "reduce_param_s": reduce,
+            "unit_step_s": hooks}

@@ -12,7 +12,9 @@ every parameter is one element per rank (so no copy moves a measurable number of
 It times FSDP2's own all-gather, copy-out and reduce functions as ``_fsdp_param_group``
 calls them and takes the collectives inside them off: what remains, over the parameters
 those calls handled, is the bookkeeping per parameter per all-gather and per
-reduce-scatter.
+reduce-scatter. The step's time beyond the same model unsharded and beyond those three
+functions is FSDP2's hooks (each unit's pre/post forward and backward, its reshards):
+per unit per step.
 """
 from __future__ import annotations
 
@@ -77,26 +79,38 @@ def _timed(spent: dict, handled: dict):
             setattr(module, name, inner)
 
 
-def bookkeeping(root: int, blocks: list[int], world: int, steps: int = 10, warmup: int = 2) -> tuple[float, float]:
-    """(seconds per parameter per all-gather, per parameter per reduce-scatter) of FSDP2's
-    bookkeeping on a model of ``root`` parameters and ``blocks`` (parameters per block),
-    over the default process group."""
+def _steps(model, steps: int, warmup: int) -> float:
+    x = torch.ones(())
+    for _ in range(warmup):
+        model(x).backward()
+    dist.barrier()
+    t = time.perf_counter()
+    for _ in range(steps):
+        model(x).backward()
+    return time.perf_counter() - t
+
+
+def bookkeeping(root: int, blocks: list[int], world: int, steps: int = 20,
+                warmup: int = 3) -> tuple[float, float, float]:
+    """(seconds per parameter per all-gather, per parameter per reduce-scatter, per unit
+    per step) of FSDP2's bookkeeping on a model of ``root`` parameters and ``blocks``
+    (parameters per block), over the default process group. The last is what the sharded
+    step takes beyond the same model unsharded and beyond FSDP2's three functions (its
+    hooks: pre/post forward and backward of each unit, the reshards), per unit."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
     mesh = init_device_mesh("cpu", (world,))
+    plain = _steps(_Model(root, blocks, world), steps, warmup)
     model = _Model(root, blocks, world)
     for i, b in enumerate(model.blocks):
         fully_shard(b, mesh=mesh, reshard_after_forward=i < len(model.blocks) - 1)
     fully_shard(model, mesh=mesh)
-    x = torch.ones(())
-    for _ in range(warmup):
-        model(x).backward()
+    _steps(model, 0, warmup)
     spent, handled = defaultdict(float), defaultdict(int)
-    dist.barrier()
     with _timed(spent, handled):
-        for _ in range(steps):
-            model(x).backward()
+        total = _steps(model, steps, 0)
     gather = max(0.0, spent["gather"] - spent["gather_comm"]) / max(1, handled["gather"])
     reduce = max(0.0, spent["reduce"] - spent["reduce_comm"]) / max(1, handled["reduce"])
-    return gather, reduce
+    hooks = max(0.0, total - plain - spent["gather"] - spent["reduce"]) / (steps * (1 + len(blocks)))
+    return gather, reduce, hooks

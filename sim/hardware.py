@@ -71,6 +71,10 @@ class DeviceProfile(_Strict):
                                         "per all-gather, microseconds (calibrated)")
     fsdp_reduce_param_us: float = Field(0.0, ge=0, le=1e6, description="FSDP2 bookkeeping per parameter "
                                         "per reduce-scatter, microseconds (calibrated)")
+    # FSDP2's hooks (pre/post forward and backward, reshards) per unit per step, beyond its
+    # collectives' bookkeeping: host work, charged without streams. Calibrated; 0: not priced.
+    fsdp_unit_step_us: float = Field(0.0, ge=0, le=1e7, description="FSDP2 hooks per unit per step, "
+                                     "microseconds (calibrated)")
     # A plain optimizer step (and zero_grad) per parameter element, on this device's host
     # loop (torch.optim on CPU); the fsdp schedule charges its shards' step at it where it
     # prices the passes at pass_flops_per_s (which leaves the optimizer out). 0: not priced.

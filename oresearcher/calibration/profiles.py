@@ -84,6 +84,7 @@ def device_doc(name: str, m: Measurement, memory_bytes: float, jitter: bool = Fa
         **({"optimizer_element_ns": m.optimizer_element_s / 1e-9} if m.optimizer_element_s is not None else {}),
         **({"fsdp_gather_param_us": m.gather_param_s / US} if m.gather_param_s is not None else {}),
         **({"fsdp_reduce_param_us": m.reduce_param_s / US} if m.reduce_param_s is not None else {}),
+        **({"fsdp_unit_step_us": m.unit_step_s / US} if m.unit_step_s is not None else {}),
     }
 
 def fabric_doc(name: str, fit: FabricFit, backend: str = "gloo") -> dict:
@@ -133,7 +134,8 @@ def profile_text(device: dict, fabric: dict, m: Measurement, errors: list[dict])
            "local element -> optimizer_element_ns."] if m.copy_Bps else []),
         *([f"# fsdp bookkeeping (FSDP2's own functions, one element per rank per parameter): "
            f"{m.gather_param_s / US:.1f} us per parameter per all-gather -> fsdp_gather_param_us, "
-           f"{m.reduce_param_s / US:.1f} us per reduce-scatter -> fsdp_reduce_param_us."]
+           f"{m.reduce_param_s / US:.1f} us per reduce-scatter -> fsdp_reduce_param_us; hooks "
+           f"{(m.unit_step_s or 0.0) / US:.1f} us per unit per step -> fsdp_unit_step_us."]
           if m.gather_param_s is not None else []),
         "# collective fit (ring model): kind, bytes, measured us, fitted us, error "
         "(* the workload's sizes, idle; ** in the program's own run)",

@@ -41,6 +41,7 @@ class Measurement:
     optimizer_element_s: Optional[float] = None  # a plain optimizer step per local element (fsdp)
     gather_param_s: Optional[float] = None  # FSDP2's bookkeeping per parameter per all-gather (fsdp)
     reduce_param_s: Optional[float] = None  # the same per reduce-scatter (fsdp)
+    unit_step_s: Optional[float] = None  # FSDP2's hooks per unit per step (fsdp)
 
     @property
     def mean_step_s(self) -> float:

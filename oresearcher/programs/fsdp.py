@@ -173,6 +173,11 @@ class Schedule:
         yield from self._host(self._copies[i][0][0], "fsdp_copy_in")
         return (yield AllGather(self.shards[i], group=self.shard, async_op=True, name="fsdp_all_gather"))
 
+    def _hooks(self):
+        """FSDP2's hooks of one unit in one step (fsdp_costs.py), with its forward."""
+        if self.costs is not None:
+            yield from self._host(self.costs.hooks_s(), "fsdp_hooks")
+
     def _unshard(self, i, handle):
         """Wait for unit i's all-gather, then copy it out into the unsharded parameters."""
         yield Wait(handle, name="fsdp_wait_gather")
@@ -203,8 +208,10 @@ class Schedule:
         blocks = self.plan.blocks
         nb = len(blocks)
         yield from self._unshard(0, (yield from self._gather(0)))  # root
+        yield from self._hooks()
         for i in range(1, nb + 1):
             yield from self._unshard(i, (yield from self._gather(i)))
+            yield from self._hooks()
             yield Compute(flops=self._pass(blocks[i - 1].fwd_flops), name="forward")
         yield Compute(flops=self._pass(self.plan.root.fwd_flops), name="forward")
         yield Compute(flops=self._pass(self.plan.root.bwd_flops), name="backward")

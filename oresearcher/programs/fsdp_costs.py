@@ -31,8 +31,10 @@ shards, resizing and viewing storages, wrapping gradients as DTensors): host tim
 parameter per all-gather and per reduce-scatter (``DeviceProfile.fsdp_gather_param_us``,
 ``fsdp_reduce_param_us``, measured by ``oresearcher.calibrate`` with FSDP2's own functions
 on a model of the scenario's parameter counts and one element per rank,
-``backends/calibration_fsdp_hooks.py``). Charged on devices without streams; a GPU's host
-runs ahead of its kernels.
+``backends/calibration_fsdp_hooks.py``), and its hooks (each unit's pre/post forward and
+backward, the reshards) per unit per step (``fsdp_unit_step_us``, the same
+microbenchmark's step beyond the unsharded model's and beyond those functions). Charged on
+devices without streams; a GPU's host runs ahead of its kernels.
 
 The optimizer steps DTensor shards: each elementwise op of the step goes through DTensor's
 Python dispatch, a fixed host cost per op, so per parameter per step
@@ -91,6 +93,7 @@ class HostCosts:
     element_s: float = 0.0  # a plain optimizer step per parameter element (charged with ``pass_rate``)
     gather_param_s: float = 0.0  # FSDP2's bookkeeping per parameter per all-gather (without streams)
     reduce_param_s: float = 0.0  # the same per reduce-scatter
+    unit_step_s: float = 0.0  # FSDP2's hooks per unit per step (without streams)
 
     @classmethod
     def of(cls, device, dtype: str) -> "HostCosts":
@@ -98,7 +101,8 @@ class HostCosts:
         flat = device.compute_model == "flat"  # the roofline prices passes by their kernels
         return cls(device.flops_per_s(dtype), bw, device.dtensor_param_step_us * 1e-6, device.streams,
                    device.pass_flops_per_s if flat else None, device.optimizer_element_ns * 1e-9,
-                   device.fsdp_gather_param_us * 1e-6, device.fsdp_reduce_param_us * 1e-6)
+                   device.fsdp_gather_param_us * 1e-6, device.fsdp_reduce_param_us * 1e-6,
+                   device.fsdp_unit_step_us * 1e-6)
 
     def passes(self, flops: float) -> float:
         """FLOPs to yield for a forward or backward of ``flops`` so that the engine, which
@@ -125,6 +129,10 @@ class HostCosts:
         if self.streams:
             return self.copy_s(copy_in), 0.0
         return self.copy_s(copy_in + guard), self.copy_s(acc) + params * self.reduce_param_s
+
+    def hooks_s(self) -> float:
+        """FSDP2's hooks of one unit in one step, charged with the unit's forward."""
+        return 0.0 if self.streams else self.unit_step_s
 
     def optimizer_s(self, params: int, elements: int) -> float:
         """The sharded optimizer step of ``params`` DTensors holding ``elements`` locally:

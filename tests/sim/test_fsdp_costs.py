@@ -78,8 +78,11 @@ def test_bookkeeping_per_parameter_by_hand():
     # reduce-scatters x 2 ms of FSDP2's Python on a CPU rank; none on a GPU (host runs ahead)
     costs = HostCosts(rate=1e12, streams=False, gather_param_s=1e-3, reduce_param_s=2e-3)
     assert step_time(costs, streams=False) == pytest.approx(62.056e-3 + 3e-3 + 4e-3, rel=1e-9)
-    gpu = HostCosts(rate=1e12, streams=True, gather_param_s=1e-3, reduce_param_s=2e-3)
+    gpu = HostCosts(rate=1e12, streams=True, gather_param_s=1e-3, reduce_param_s=2e-3, unit_step_s=1e-3)
     assert step_time(gpu, streams=True) == pytest.approx(60.816e-3, rel=1e-9)
+    # the hooks: 1 ms for each of the 3 units (root and 2 blocks) in a step
+    hooks = HostCosts(rate=1e12, streams=False, unit_step_s=1e-3)
+    assert step_time(hooks, streams=False) == pytest.approx(62.056e-3 + 3e-3, rel=1e-9)
 
 
 def test_passes_at_the_pass_rate_by_hand():
@@ -113,9 +116,9 @@ def test_costs_from_a_device_profile():
     dev = DeviceProfile(name="d", peak_flops={"fp32": 1e12, "bf16": 2e12}, efficiency=0.5, memory_bytes=1e9,
                         host_overhead_us=0.0, memory_bandwidth_GBps=10.0, memory_efficiency=0.5,
                         dtensor_param_step_us=30.0, pass_flops_per_s=4e11, streams=False, optimizer_element_ns=3.0,
-                        fsdp_gather_param_us=25.0, fsdp_reduce_param_us=20.0)
+                        fsdp_gather_param_us=25.0, fsdp_reduce_param_us=20.0, fsdp_unit_step_us=600.0)
     c = HostCosts.of(dev, "bf16")
-    assert (c.element_s, c.gather_param_s, c.reduce_param_s) == pytest.approx((3e-9, 25e-6, 20e-6))
+    assert (c.element_s, c.gather_param_s, c.reduce_param_s, c.hooks_s()) == pytest.approx((3e-9, 25e-6, 20e-6, 6e-4))
     assert (c.rate, c.bandwidth, c.dtensor_param_s, c.streams, c.pass_rate) == (1e12, 5e9, pytest.approx(30e-6),
                                                                                False, 4e11)
     assert c.flops(2e-3) == 2e9 and c.passes(4e11) == pytest.approx(1e12)  # 1 s at the pass rate
@@ -127,17 +130,18 @@ def test_calibration_writes_what_it_measured_by_hand():
     m = {"backend": "gloo", "host_overhead_s": 1e-3, "compute_step_s": 0.03, "flops_per_step": 1e9,
          "compute_step_s_mean": 0.025, "pass_step_s_per_rank": [0.01, 0.02], "pass_ops_per_step": 2,
          "copy_Bps": 4e9, "dtensor_param_step_s": 1.5e-4, "optimizer_element_s": 2e-9,
-         "gather_param_s": 2.5e-5, "reduce_param_s": 2e-5}
+         "gather_param_s": 2.5e-5, "reduce_param_s": 2e-5, "unit_step_s": 6e-4}
     assert pass_rate(m) == pytest.approx(1e9 / 0.018)  # the slowest rank, host off
     assert pass_rate(m, jitter=True) == pytest.approx(1e9 / 0.013)  # the mean rank
     doc = device_doc("d", m, 1e9)
     assert doc["pass_flops_per_s"] == pytest.approx(1e9 / 0.018)
     assert doc["memory_bandwidth_GBps"] == pytest.approx(4.0) and doc["dtensor_param_step_us"] == pytest.approx(150)
     assert doc["optimizer_element_ns"] == pytest.approx(2.0)
-    assert (doc["fsdp_gather_param_us"], doc["fsdp_reduce_param_us"]) == (pytest.approx(25), pytest.approx(20))
+    assert (doc["fsdp_gather_param_us"], doc["fsdp_reduce_param_us"], doc["fsdp_unit_step_us"]) == pytest.approx(
+        (25, 20, 600))
     DeviceProfile.model_validate(doc)  # the simulator loads it
     fsdp = ("pass_step_s_per_rank", "copy_Bps", "dtensor_param_step_s", "optimizer_element_s", "gather_param_s",
-            "reduce_param_s")
+            "reduce_param_s", "unit_step_s")
     bare = device_doc("d", {k: v for k, v in m.items() if k not in fsdp}, 1e9)
     assert not {"pass_flops_per_s", "memory_bandwidth_GBps", "dtensor_param_step_us", "optimizer_element_ns",
-                "fsdp_gather_param_us", "fsdp_reduce_param_us"} & set(bare)
+                "fsdp_gather_param_us", "fsdp_reduce_param_us", "fsdp_unit_step_us"} & set(bare)
