@@ -77,3 +77,28 @@ def test_final_bars_mark_the_deployable_model():
     assert [line.get_ydata()[0] for line in ax2.get_lines()] == [0.95] and ax2.get_ylim()[1] > 0.95
     plt.close(fig)
     plt.close(fig2)
+
+
+def test_sharded_agents_deploy_one_agent_not_a_mean_over_ranks():
+    # two sharded agents of two ranks: agent 1 (ranks 2-3) has the lower held-out loss
+    m = {"0": _hist({"loss": 2.0, "heldout_loss": 3.0}), "1": _hist({"loss": 2.2, "heldout_loss": 3.2}),
+         "2": _hist({"loss": 2.6, "heldout_loss": 2.4}), "3": _hist({"loss": 2.8, "heldout_loss": 2.6})}
+    s = final_section(m, "fsdp", shard_group=2)
+    d = s["deployable"]
+    assert d["agent"] == 1 and math.isclose(d["value"], 2.7)  # its ranks' mean training loss
+    assert "ranks 2-3" in d["what"] and "held-out loss (2.5000)" in d["what"]
+    assert final_table(s).columns[0].header == "rank"
+    no_held = {r: _hist({"loss": v}) for r, v in {"0": 2.0, "1": 2.2, "2": 2.6, "3": 2.8}.items()}
+    d = final_section(no_held, "fsdp", shard_group=2)["deployable"]
+    assert d["agent"] == 0 and math.isclose(d["value"], 2.1) and "best by training loss" in d["what"]
+    assert "shared model" in final_section(no_held, "fsdp")["deployable"]["what"]  # plain fsdp: one model
+
+
+def test_the_report_reads_the_shard_group_from_the_scenario():
+    tl = Timeline(4)
+    for r in range(4):
+        tl.step_done(r, 0, 0.0, {"loss": 1.0 + r, "heldout_loss": 4.0 - r})
+    sc = {"training": {"strategy": "fsdp"}, "agents": {"count": 4}, "fsdp": {"replicas": "fusion", "shard_group_size": 2}}
+    assert summarize(tl, sc, backend="gloo")["final"]["deployable"]["agent"] == 1
+    sc["fsdp"]["replicas"] = "allreduce"
+    assert "shared model" in summarize(tl, sc, backend="gloo")["final"]["deployable"]["what"]

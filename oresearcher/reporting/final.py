@@ -47,9 +47,11 @@ def _role(history: list[dict]) -> str:
     return "-"
 
 
-def final_section(metrics: dict, strategy: str | None) -> dict | None:
+def final_section(metrics: dict, strategy: str | None, shard_group: int | None = None) -> dict | None:
     """``{"metric", "label", "agents": [{rank, role, value}], "deployable": {what, value}}``
-    from a report's ``metrics`` (rank -> list of step dicts); None without a task metric."""
+    from a report's ``metrics`` (rank -> list of step dicts); None without a task metric.
+    ``shard_group``: fsdp's sharded agents (``fsdp.replicas: fusion``), each that many
+    consecutive ranks; they are separate models, so the deployable one is an agent."""
     hist = {int(r): m for r, m in (metrics or {}).items() if m}
     for key, label, higher in TASK_METRICS:
         values = {r: _last(h, key) for r, h in sorted(hist.items())}
@@ -62,6 +64,8 @@ def final_section(metrics: dict, strategy: str | None) -> dict | None:
     student = [v for v in (_last(h, "student_test_accuracy") for h in hist.values()) if v is not None]
     if student and key == "test_accuracy":
         deploy = {"what": "distilled student", "value": student[0]}
+    elif strategy == "fsdp" and shard_group:
+        deploy = _sharded_agent(hist, got, shard_group, label)
     elif strategy in SHARED_MODEL:
         deploy = {"what": f"the shared model ({strategy}; mean over ranks)",
                   "value": sum(a["value"] for a in got) / len(got)}
@@ -72,7 +76,31 @@ def final_section(metrics: dict, strategy: str | None) -> dict | None:
     else:
         pick = (max if higher else min)(got, key=lambda a: a["value"])
         deploy = {"what": f"agent {pick['rank']}, the best by {label}", "value": pick["value"], "rank": pick["rank"]}
-    return {"metric": key, "label": label, "agents": agents, "deployable": deploy}
+    out = {"metric": key, "label": label, "agents": agents, "deployable": deploy}
+    if strategy == "fsdp" and shard_group:
+        out["shard_group"] = shard_group  # rows are ranks, not agents
+    return out
+
+
+def _sharded_agent(hist: dict, got: list, size: int, label: str) -> dict:
+    """The sharded agent with the lowest held-out loss (its ranks' mean; each rank scores
+    its own held-out batch), else the best mean of ``label``; its value: its ranks' mean."""
+    members: dict[int, list] = {}
+    for a in got:
+        members.setdefault(a["rank"] // size, []).append(a)
+    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+    held = {k: [_last(hist[a["rank"]], "heldout_loss") for a in m] for k, m in members.items()}
+    held = {k: mean(v) for k, v in held.items() if v and None not in v}
+    value = {k: mean([a["value"] for a in m]) for k, m in members.items()}
+    if held:
+        best = min(held, key=held.get)
+        why = f"the lowest held-out loss ({held[best]:.4f})"
+    else:
+        higher = next(h for _, lab, h in TASK_METRICS if lab == label)
+        best = (max if higher else min)(value, key=value.get)
+        why = f"the best by {label}"
+    ranks = f"ranks {best * size}-{best * size + size - 1}"
+    return {"what": f"sharded agent {best} ({ranks}), {why}", "value": value[best], "agent": best}
 
 
 def fmt_value(key: str, v) -> str:
@@ -86,7 +114,7 @@ def final_table(section: dict, max_rows: int = 16) -> Table:
     t = Table(header_style="bold")
     agents = section["agents"]
     roles = any(a["role"] != "-" for a in agents)  # programs without roles: no column of dashes
-    t.add_column("agent", justify="right")
+    t.add_column("rank" if section.get("shard_group") else "agent", justify="right")
     if roles:
         t.add_column("role")
     t.add_column(f"final {section['label']}", justify="right")

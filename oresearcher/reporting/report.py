@@ -184,7 +184,11 @@ def summarize(tl: Timeline, scenario: dict, backend: str, extra: dict | None = N
         "metrics": {str(r): [{"step": s, "time_s": t, **m} for s, t, m in tl.metrics[r]] for r in ranks if tl.metrics[r]},
         "scenario": scenario,
     }
-    final = final_section(report["metrics"], (scenario or {}).get("training", {}).get("strategy"))
+    sc = scenario or {}
+    fsdp = sc.get("fsdp") or {}
+    ranks = fsdp.get("replicas") == "fusion" and (sc.get("agents") or {}).get("count") or None
+    size = ranks and (fsdp.get("shard_group_size") or ranks)  # 0: all ranks
+    final = final_section(report["metrics"], sc.get("training", {}).get("strategy"), size or None)
     if final:
         report["final"] = final
     if extra:
