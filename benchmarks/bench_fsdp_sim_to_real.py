@@ -28,7 +28,9 @@ copies and bookkeeping around its collectives (its all-gather, copy-out and redu
 functions minus the collectives inside) beside the schedule's copy ops
 (oresearcher/programs/fsdp_costs.py); the optimizer step beside the sharded step the
 schedule charges (DTensor dispatch per parameter, the plain step per element); and the
-rest of forward/backward beside the simulated passes (at the calibrated pass rate).
+rest of forward/backward (the passes and FSDP2's hooks) beside the simulated passes (at
+the calibrated pass rate) and hooks. "FSDP2 copies" includes FSDP2's per-parameter
+bookkeeping inside those functions on both sides.
 """
 from __future__ import annotations
 
@@ -68,7 +70,7 @@ def scenario_dict(world: int, steps: int, reshard: bool) -> dict:
 
 
 COPIES = ("fsdp_copy_in", "fsdp_copy_out", "fsdp_rs_copy_in", "fsdp_rs_accumulate")
-ROWS = (*(o[0] for o in OPS), "FSDP2 copies", "optimizer step", "forward/backward", "compute (all)")
+ROWS = (*(o[0] for o in OPS), "FSDP2 copies", "optimizer step", "passes and hooks", "compute (all)")
 
 
 def schedule_seconds(path: Path, profile: Path) -> dict:
@@ -108,9 +110,9 @@ def measured_ops(path: Path, out: Path) -> dict:
         sys.exit(f"profiled run of {path} failed: {res.failure}")
     ranks = json.loads(out.read_text())
     got = {label: statistics.mean(r.get(real, 0.0) for r in ranks) for label, _, real in OPS}
-    for label, key in (("FSDP2 copies", "copies"), ("optimizer step", "optimizer"), ("forward/backward", "compute")):
+    for label, key in (("FSDP2 copies", "copies"), ("optimizer step", "optimizer"), ("passes and hooks", "compute")):
         got[label] = statistics.mean(r[key] for r in ranks)
-    got["compute (all)"] = got["FSDP2 copies"] + got["optimizer step"] + got["forward/backward"]
+    got["compute (all)"] = got["FSDP2 copies"] + got["optimizer step"] + got["passes and hooks"]
     return got
 
 
@@ -123,7 +125,7 @@ def predicted_ops(report: dict, charged: dict) -> dict:
     got["compute (all)"] = 1e3 * report["compute_time_s"]
     got["FSDP2 copies"] = 1e3 * sum(charged.get(k, 0.0) for k in COPIES)
     got["optimizer step"] = 1e3 * charged.get("fsdp_sharded_optimizer", 0.0)
-    got["forward/backward"] = got["compute (all)"] - got["FSDP2 copies"] - got["optimizer step"]
+    got["passes and hooks"] = got["compute (all)"] - got["FSDP2 copies"] - got["optimizer step"]
     return got
 
 
