@@ -60,7 +60,7 @@ def critical_rounds(run_dir: Path, skip_rounds: int = 1, host_s: float = 0.0) ->
             got, ops, compute = defaultdict(float), 0, 0.0
             for s, e, name, lane in spans[r]:
                 if lo <= s < hi:
-                    own = e - s - (host_s if lane == "compute" else 0.0)
+                    own = max(0.0, e - s - (host_s if lane == "compute" else 0.0))
                     got[name] += own
                     if lane == "compute":
                         ops, compute = ops + 1, compute + own
@@ -85,11 +85,11 @@ def mean_ms(rows: list[dict]) -> dict:
 
 
 def print_table(pred: dict, meas: dict) -> None:
-    print("round time op by op on the critical rank, ms per round (rounds 2..)  predicted  measured    error")
+    print("op by op on each round's critical rank, ms per round (rounds 2..)  predicted  measured   error")
     for label in [lab for lab, _ in ROWS] + [BETWEEN, "round"]:
         p, m = pred[label], meas[label]
-        e = f"{(p - m) / m:+8.1%}" if m > 0.05 else ""
-        print(f"  {label if label != 'round' else 'round time':66s} {p:9.2f} {m:9.2f} {e}")
+        e = f"{(p - m) / m:+7.1%}" if m > 0.05 else ""
+        print(f"  {label if label != 'round' else 'round time':64s} {p:9.2f} {m:9.2f} {e}")
 
 
 def cpu_per_step(steps: int = 1500) -> float:

@@ -25,8 +25,9 @@ being predicted feeds the prediction:
      (calibrate times an empty op with no spans kept);
    - the round all-gather as its last arriver sees it. The simulator completes a
      collective on every member at once; on this host the members finish it up to
-     tens of ms apart (the first ones go back to computing and hold the cores the
-     others' gloo threads need), and the round goes on when its last arriver has it.
+     tens of ms apart (most likely as the first ones go back to computing and hold the
+     cores the others' gloo threads need), and the round goes on when its last arriver
+     has it.
      Calibrate's in-run time is the smallest issue-to-completion over ranks, the first
      to finish. The fabric's time terms are scaled (as calibrate scales them) so that
      the simulator's round all-gather takes what the last arriver measured.
@@ -144,10 +145,10 @@ def main(argv=None) -> int:
     pr, me = round_time(sim), round_time(real)
     print(f"load average {load0[0]:.2f} before, {os.getloadavg()[0]:.2f} after ({os.cpu_count()} cores); "
           f"{time.perf_counter() - t0:.0f} s")
-    print(f"model inputs: host link {link:.2f} GB/s (measured here); from the calibration run's critical rank: "
-          f"compute {rate / 1e9:.3f} GFLOP/s (calibrate: {rate_cal / 1e9:.3f}), host overhead {host * 1e6:.1f} us "
-          f"per Compute op (calibrate: {host_cal * 1e6:.1f}), round all-gather {want * 1e3:.1f} ms "
-          f"(the idle fit: {had * 1e3:.1f})")
+    print(f"model inputs: host link {link:.2f} GB/s (measured here); from the calibration run's critical rank:\n"
+          f"  compute {rate / 1e9:.3f} GFLOP/s (calibrate: {rate_cal / 1e9:.3f}), host overhead {host * 1e6:.1f} us "
+          f"per Compute op (calibrate: {host_cal * 1e6:.1f}),\n  round all-gather {want * 1e3:.1f} ms "
+          f"(calibrate's idle fit: {had * 1e3:.1f})")
     print(f"round time: predicted {pr * 1e3:.1f} ms, measured {me * 1e3:.1f} ms, error {(pr - me) / me:+.1%}")
     alloc_ops.print_table(pred_ops, meas_ops)
     print("device time / shares per agent (relative error of each agent's fraction, rounds 2..):")
@@ -162,8 +163,8 @@ def main(argv=None) -> int:
     print("shares over the run:", " ".join(f"{g:.3f}" for g in given))
     alone, shared = alloc_ops.contention(sc.world_size)
     print(f"CPU time of one agent step (median): {alone * 1e3:.3f} ms in a process alone, "
-          f"{statistics.fmean(shared) * 1e3:.3f} ms with {sc.world_size} processes at once "
-          f"({statistics.fmean(shared) / alone - 1:+.0%}: the same work costs more CPU time on shared cores)")
+          f"{statistics.fmean(shared) * 1e3:.3f} ms with {sc.world_size} at once\n"
+          f"  ({statistics.fmean(shared) / alone - 1:+.0%}: the same work costs more CPU time on shared cores)")
     return 0
 
 

@@ -287,7 +287,7 @@ def sim_alloc() -> str:
         out[at:at + 2] = [out[at].rstrip() + " steps"]
     keep = [ln for ln in out if "alloc-8on4:" in ln or ln.startswith(("│ step time", "│ compute time",
                                                                       "│ communication time", "│   of which",
-                                                                      "│ stats_gather"))]
+                                                                      "│ round_gather"))]
     return fence("\n".join(keep))
 
 
