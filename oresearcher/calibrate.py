@@ -51,6 +51,13 @@ AR(1) whose K-step variance ratio equals the measured one (:func:`persistence_rh
 With it the simulator draws one factor per step (``compute_jitter_cv`` is then the
 step's spread itself).
 
+For language-model scenarios on CPU the device profile also holds what the fsdp
+schedule prices beside the FLOPs (``oresearcher/programs/fsdp_costs.py``), measured with
+every rank busy (``backends/calibration_fsdp.py``): the rate of the FLOP-declaring Compute
+ops alone (``pass_flops_per_s``), the copy bandwidth at a block's size, the sharded
+optimizer's DTensor dispatch and plain step, and FSDP2's bookkeeping per parameter per
+collective and its hooks per unit.
+
 The device rate is the FLOPs the program's Compute ops declare divided by the time
 they took: work the FLOP counts miss (optimizer steps, packing, a codec's elementwise
 passes) is folded into the rate, so the profile fits the strategy it was measured
