@@ -3,15 +3,12 @@ shares (oresearcher.cooperation.scheduler).
 
 What the schedule hands out is exact: the units each agent ran (whole steps, credit
 carried) match its shares within 5%, and equal the simulator's for the same scenario.
-The device time each agent used is measured as CPU time per step (ranks share the
-cores): on this oversubscribed 2-core VM a slice's time per unit varies by about 10% with
-the neighbours' load and now and then a whole slice stalls 3-6x (README: "Device time by
-shares" gives the raw figures). The steady time, median step x steps, from the second
-round on (the first includes warm-up), matched the shares within 3-7% in runs here: what
-is left is the ranks' own speeds (one rank runs 5% slower than another for a whole run
-under this load), which a schedule of work cannot know. Being a timing figure, it is
-printed by benchmarks/bench_allocation.py and not asserted here; the simulator, with
-equal devices, meets 5% (tests/test_allocation_hosted.py)."""
+The device time each agent used is the CPU time of its steps (a CPU rank's device is
+its core; SliceClock), so it never exceeds the slice's wall time. How close it comes to
+the shares is a timing figure (on this 2-core host the same step costs about a quarter
+more CPU time when four ranks share the cores than alone, so it depends on who runs
+beside a slice): benchmarks/bench_allocation.py prints it, this test does not assert it.
+The simulator, with equal devices, meets 5% (tests/test_allocation_hosted.py)."""
 from __future__ import annotations
 
 import json
@@ -51,3 +48,9 @@ def test_gloo_hosted_agents_get_their_shares(tmp_path, child_env):
     # load). What a test can hold is that it is measured for every agent.
     used, given_t, _ = device_time_vs_shares(report, skip_rounds=1, key="steady_s")
     assert len(used) == len(given_t) == 8 and all(u > 0 for u in used), used
+    for per_rank in report["metrics"].values():  # CPU time of one thread: within the slice's wall time
+        for m in per_rank:
+            mine = [key.split(".")[1] for key in m if key.startswith("device_s.")]
+            assert len(mine) == 2
+            for a in mine:
+                assert 0 < m[f"device_s.{a}"] <= m[f"wall_s.{a}"] + 1e-3, (a, m)
