@@ -1,7 +1,8 @@
 """Hosted agents (cooperation.allocation.agents_per_device): the simulator's predicted
 round time beside a real gloo run, op by op, and each agent's device time beside its shares.
 
-    OMP_NUM_THREADS=1 python benchmarks/bench_allocation.py      # about a minute
+    OMP_NUM_THREADS=1 python benchmarks/bench_allocation.py               # 3 repeats, about 2 minutes
+    OMP_NUM_THREADS=1 python benchmarks/bench_allocation.py --repeats 1   # about 40 s
 
 As the predict-then-measure chain (benchmarks/bench_sim_to_real.py), nothing of the run
 being predicted feeds the prediction:
@@ -32,6 +33,10 @@ being predicted feeds the prediction:
      to finish. The fabric's time terms are scaled (as calibrate scales them) so that
      the simulator's round all-gather takes what the last arriver measured.
 4. The real gloo run, then the simulator on the identical scenario with that profile.
+
+Steps 3-4 are repeated (``--repeats``, default 3): on a host shared with other work the
+same program's critical rank computed 42-71 ms a round from one launch to the next, so
+the summary takes medians over the repeats and prints each one.
 
 Round time: the mean over rounds 2.. (round 1 includes start-up and warm-up on gloo).
 The op table (benchmarks/alloc_ops.py) splits it on each round's critical rank. Device
@@ -105,61 +110,88 @@ def calibration_run(tmp: Path, flags: list, unit_flops: float) -> tuple[float, f
     return rate, host, statistics.fmean(r[alloc_ops.GATHER_ROW] for r in rows)
 
 
+def repeat(tmp: Path, docs: list, flags: list, unit_flops: float) -> dict:
+    """One calibration run, the prediction it gives, and the measured run."""
+    tmp.mkdir(parents=True, exist_ok=True)
+    prof = tmp / "profile.yaml"
+    rate, host, want = calibration_run(tmp, flags, unit_flops)
+    docs = [dict(d) for d in docs]
+    docs[0].update(host_overhead_us=host * 1e6, peak_flops={d: rate for d in docs[0]["peak_flops"]})
+    prof.write_text(yaml.safe_dump_all(docs))
+    sim_flags = ["--set", f"cluster.profile_files=[{prof}]", "--set", "cluster.device=cpu-calibrated",
+                 "--set", "cluster.intra_node=gloo-calibrated", *flags]
+    run(["-m", "oresearcher.sim", str(SCENARIO), "--out", str(tmp / "sim0"), *sim_flags], "simulator (idle fit)")
+    had = statistics.fmean(r[alloc_ops.GATHER_ROW] for r in alloc_ops.critical_rounds(tmp / "sim0", host_s=host))
+    for key in ("base_latency_us", "hop_latency_us", "call_overhead_us"):
+        docs[1][key] *= want / had
+    docs[1]["bandwidth_GBps"] /= want / had
+    prof.write_text(yaml.safe_dump_all(docs))
+    run(["-m", "oresearcher.run", "--backend=gloo", "--scenario", str(SCENARIO), "--out", str(tmp / "gloo"),
+         "--no-tensorboard", *flags], "gloo run")
+    run(["-m", "oresearcher.sim", str(SCENARIO), "--out", str(tmp / "sim"), *sim_flags], "simulator")
+    real = json.loads((tmp / "gloo" / "report.json").read_text())
+    sim = json.loads((tmp / "sim" / "report.json").read_text())
+    return {"rate": rate, "host": host, "gather": want, "idle_gather": had, "real": real, "sim": sim,
+            "pred": round_time(sim), "meas": round_time(real),
+            "pred_ops": alloc_ops.mean_ms(alloc_ops.critical_rounds(tmp / "sim", host_s=host)),
+            "meas_ops": alloc_ops.mean_ms(alloc_ops.critical_rounds(tmp / "gloo"))}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--set", action="append", default=[], help="scenario override FIELD=VALUE (repeatable)")
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="calibration run + measured run pairs (default 3); the summary takes medians")
     ap.add_argument("--keep", metavar="DIR", help="keep profiles, runs and reports in DIR")
     args = ap.parse_args(argv)
+    if args.repeats < 1:
+        print("bench_allocation: --repeats must be at least 1", file=sys.stderr)
+        return 2
     sets = args.set
     flags = [x for s in sets for x in ("--set", s)]
     sc = load_scenario(SCENARIO, sets)
     load0, t0 = os.getloadavg(), time.perf_counter()
+    reps = []
     with tempfile.TemporaryDirectory() as scratch:
         tmp = Path(args.keep or scratch)
         tmp.mkdir(parents=True, exist_ok=True)
-        prof = tmp / "profile.yaml"
+        prof = tmp / "calibrate.yaml"
         run(["-m", "oresearcher.calibrate", "--backend=gloo", "--scenario", str(SCENARIO), "--out", str(prof),
              "--no-jitter", "--no-in-run", *flags], "calibrate")
         docs = list(yaml.safe_load_all(prof.read_text()))
         link, learner = host_link_GBps(sets)
-        rate, host, want = calibration_run(tmp, flags, learner.fwd_flops + learner.bwd_flops)
         rate_cal, host_cal = docs[0]["peak_flops"]["fp32"], docs[0]["host_overhead_us"] * 1e-6
-        docs[0].update(host_link_GBps=link, host_overhead_us=host * 1e6,
-                       peak_flops={d: rate for d in docs[0]["peak_flops"]})
-        prof.write_text(yaml.safe_dump_all(docs))
-        sim_flags = ["--set", f"cluster.profile_files=[{prof}]", "--set", "cluster.device=cpu-calibrated",
-                     "--set", "cluster.intra_node=gloo-calibrated", *flags]
-        run(["-m", "oresearcher.sim", str(SCENARIO), "--out", str(tmp / "sim0"), *sim_flags], "simulator (idle fit)")
-        had = statistics.fmean(r[alloc_ops.GATHER_ROW] for r in alloc_ops.critical_rounds(tmp / "sim0", host_s=host))
-        for key in ("base_latency_us", "hop_latency_us", "call_overhead_us"):
-            docs[1][key] *= want / had
-        docs[1]["bandwidth_GBps"] /= want / had
-        prof.write_text(yaml.safe_dump_all(docs))
-        run(["-m", "oresearcher.run", "--backend=gloo", "--scenario", str(SCENARIO), "--out", str(tmp / "gloo"),
-             "--no-tensorboard", *flags], "gloo run")
-        run(["-m", "oresearcher.sim", str(SCENARIO), "--out", str(tmp / "sim"), *sim_flags], "simulator")
-        real = json.loads((tmp / "gloo" / "report.json").read_text())
-        sim = json.loads((tmp / "sim" / "report.json").read_text())
-        pred_ops = alloc_ops.mean_ms(alloc_ops.critical_rounds(tmp / "sim", host_s=host))
-        meas_ops = alloc_ops.mean_ms(alloc_ops.critical_rounds(tmp / "gloo"))
-    pr, me = round_time(sim), round_time(real)
+        docs[0]["host_link_GBps"] = link
+        for i in range(args.repeats):
+            reps.append(repeat(tmp / f"repeat{i + 1}", docs, flags, learner.fwd_flops + learner.bwd_flops))
+    med = lambda key: statistics.median(r[key] for r in reps)  # noqa: E731
     print(f"load average {load0[0]:.2f} before, {os.getloadavg()[0]:.2f} after ({os.cpu_count()} cores); "
           f"{time.perf_counter() - t0:.0f} s")
-    print(f"model inputs: host link {link:.2f} GB/s (measured here); from the calibration run's critical rank:\n"
-          f"  compute {rate / 1e9:.3f} GFLOP/s (calibrate: {rate_cal / 1e9:.3f}), host overhead {host * 1e6:.1f} us "
-          f"per Compute op (calibrate: {host_cal * 1e6:.1f}),\n  round all-gather {want * 1e3:.1f} ms "
-          f"(calibrate's idle fit: {had * 1e3:.1f})")
-    print(f"round time: predicted {pr * 1e3:.1f} ms, measured {me * 1e3:.1f} ms, error {(pr - me) / me:+.1%}")
-    alloc_ops.print_table(pred_ops, meas_ops)
-    print("device time / shares per agent (relative error of each agent's fraction, rounds 2..):")
-    for label, rep, kw in (("sim", sim, {"skip_rounds": 0}),
-                           ("gloo CPU time (device time)", real, {}),
-                           ("gloo wall time of the slices", real, {"key": "wall_s"}),
-                           ("gloo steady (median step)", real, {"key": "steady_s"})):
-        used, given, _ = device_time_vs_shares(rep, **kw)
-        errs = [(u - g) / g for u, g in zip(used, given)]
-        print(f"  {label:29s} max |error| {max(abs(e) for e in errs):6.1%}  " + " ".join(f"{e:+.1%}" for e in errs))
-    given = device_time_vs_shares(sim, skip_rounds=0)[1]
+    print(f"model inputs: host link {link:.2f} GB/s (measured here); calibrate: compute {rate_cal / 1e9:.3f} "
+          f"GFLOP/s, host overhead {host_cal * 1e6:.1f} us per op; from each calibration run's critical rank:")
+    for i, r in enumerate(reps, 1):
+        print(f"  repeat {i}: compute {r['rate'] / 1e9:.3f} GFLOP/s, host overhead {r['host'] * 1e6:.1f} us per "
+              f"Compute op, round all-gather {r['gather'] * 1e3:.1f} ms (idle fit {r['idle_gather'] * 1e3:.1f}); "
+              f"round time predicted {r['pred'] * 1e3:.1f} ms, measured {r['meas'] * 1e3:.1f} ms, "
+              f"{(r['pred'] - r['meas']) / r['meas']:+.1%}")
+    pr, me = med("pred"), med("meas")
+    print(f"round time (median of {len(reps)}): predicted {pr * 1e3:.1f} ms, measured {me * 1e3:.1f} ms, "
+          f"error {(pr - me) / me:+.1%}")
+    rows = list(reps[0]["pred_ops"])
+    alloc_ops.print_table({k: statistics.median(r["pred_ops"][k] for r in reps) for k in rows},
+                          {k: statistics.median(r["meas_ops"][k] for r in reps) for k in rows})
+    print(f"device time / shares per agent (relative error of each agent's fraction, rounds 2.., "
+          f"fractions averaged over the {len(reps)} runs):")
+    for label, key, kw in (("sim", "sim", {"skip_rounds": 0}), ("gloo CPU time (device time)", "real", {}),
+                           ("gloo wall time of the slices", "real", {"key": "wall_s"}),
+                           ("gloo steady (median step)", "real", {"key": "steady_s"})):
+        got = [device_time_vs_shares(r[key], **kw)[:2] for r in reps]
+        used = [statistics.fmean(g[0][a] for g in got) for a in range(len(got[0][0]))]
+        errs = [(u - g) / g for u, g in zip(used, got[0][1])]
+        each = " ".join(f"{max(abs(u - g) / g for u, g in zip(*x)):.1%}" for x in got)
+        print(f"  {label:29s} max |error| {max(abs(e) for e in errs):6.1%}  " + " ".join(f"{e:+.1%}" for e in errs)
+              + (f"  (each run: {each})" if len(reps) > 1 else ""))
+    given = device_time_vs_shares(reps[0]["sim"], skip_rounds=0)[1]
     print("shares over the run:", " ".join(f"{g:.3f}" for g in given))
     alone, shared = alloc_ops.contention(sc.world_size)
     print(f"CPU time of one agent step (median): {alone * 1e3:.3f} ms in a process alone, "
