@@ -65,6 +65,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 import alloc_ops  # noqa: E402
 from oresearcher.programs.cooperative_hosted import device_time_vs_shares, move_in, move_out, state_bytes  # noqa: E402
+from oresearcher.errors import UserError  # noqa: E402
 from oresearcher.scenario import load_scenario  # noqa: E402
 
 SCENARIO = REPO / "scenarios" / "alloc-8on4.yaml"
@@ -149,7 +150,11 @@ def main(argv=None) -> int:
         return 2
     sets = args.set
     flags = [x for s in sets for x in ("--set", s)]
-    sc = load_scenario(SCENARIO, sets)
+    try:
+        sc = load_scenario(SCENARIO, sets)
+    except (UserError, ValueError) as e:
+        print(f"bench_allocation: {str(e).splitlines()[0]}", file=sys.stderr)
+        return 2
     load0, t0 = os.getloadavg(), time.perf_counter()
     reps = []
     with tempfile.TemporaryDirectory() as scratch:
