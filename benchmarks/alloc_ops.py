@@ -75,6 +75,7 @@ def critical_rounds(run_dir: Path, skip_rounds: int = 1, host_s: float = 0.0) ->
         row["units"] = sum(v for key, v in mine.items() if key.startswith("units.")
                            and f"device_s.{key.split('.')[1]}" in mine)
         row["steps"] = got["fwd_bwd"] + got["optimizer"]
+        row["optimizer"] = got["optimizer"]
         row["rank"], row["compute_ops"] = crit, got["_ops"]
         per_round.append(row)
     return per_round[skip_rounds:]
@@ -90,6 +91,8 @@ def print_table(pred: dict, meas: dict) -> None:
         p, m = pred[label], meas[label]
         e = f"{(p - m) / m:+7.1%}" if m > 0.05 else ""
         print(f"  {label if label != 'round' else 'round time':64s} {p:9.2f} {m:9.2f} {e}")
+        if label == ROWS[1][0]:
+            print(f"    of which optimizer steps (the rate folds them into the FLOPs){'':14s}{meas['optimizer']:9.2f}")
 
 
 def cpu_per_step(steps: int = 1500) -> float:
