@@ -147,7 +147,8 @@ class _OpLog:
 
 def measure_program_compute(scenario, learner, rank: int, world: int, device, steps: int,
                             warmup: int = 2) -> dict:
-    """Run the scenario's own program for ``warmup + steps`` steps; total its Compute ops
+    """Run the scenario's own program for ``warmup + steps`` reports (StepDone: a step, or
+    a round where agents share a rank, :func:`steps_per_report`); total its Compute ops
     and time its collectives.
 
     Returns per measured step (means): seconds in Compute ops, the FLOPs those ops
@@ -162,7 +163,7 @@ def measure_program_compute(scenario, learner, rank: int, world: int, device, st
     """
     from oresearcher.programs import AgentContext, get_program
 
-    total = warmup + steps
+    total = (warmup + steps) * steps_per_report(scenario)
     short = scenario.model_copy(update={"training": scenario.training.model_copy(update={"steps": total})})
     ctx = AgentContext(rank, world, short, mode="real", device=device)
     per_step = []
@@ -224,6 +225,34 @@ def merge_inrun(per_rank: list[list[tuple]], world: int) -> list[dict]:
              "count": len(ts)} for (k, b), ts in sorted(groups.items())]
 
 
+def steps_per_report(scenario) -> int:
+    """Training steps between two StepDone of the scenario's program: a round
+    (``communication.interval``) where several agents share a rank, which reports once a
+    round; else 1. The run is timed per report, so warm-up and timed counts are reports."""
+    sc = scenario
+    if sc.training.strategy == "oresearcher" and sc.cooperation.allocation.agents_per_device > 1:
+        return sc.communication.interval
+    return 1
+
+
+def measure_host_link(scenario, rank: int, device, repeats: int = 50) -> float:
+    """One-way bytes/s of a hosted agent's switch (``host_link_GBps``): its state
+    (weights, gradients, optimizer moments) copied out to host buffers and back with the
+    program's own ``move_out``/``move_in``, median of ``repeats``, every rank at once."""
+    from oresearcher.programs.cooperative_hosted import move_in, move_out, state_bytes
+    from oresearcher.tasks import make_learner
+
+    learner = make_learner(scenario, rank, mode="real", device=device)
+    learner.forward_backward()
+    learner.optimizer_step()  # the optimizer's moments exist, as in a switch after a step
+    ts = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        move_in(learner, move_out(learner))
+        ts.append(time.perf_counter() - t)
+    return 2 * state_bytes(learner, scenario.workload.optimizer) / max(statistics.median(ts), 1e-9)
+
+
 def measure_host_overhead(rank: int, world: int, device, ops: int = 2000) -> float:
     """Seconds the interpreter spends on a Compute op with nothing to run."""
     interp = Interpreter(rank, world, device=device, timeline=Timeline(world, keep_spans=0), clock=time.perf_counter)
@@ -249,9 +278,10 @@ def calibrate_rank(scenario, denv, *, backend: str, timeout_s: float, sizes, rep
         call = measure_call_overhead(device)
         compute = measure_program_compute(scenario, learner, rank, world, device, compute_steps)
         host = measure_host_overhead(rank, world, device)
+        link = measure_host_link(scenario, rank, device) if steps_per_report(scenario) > 1 else None
         dist.barrier()  # every rank measures the fsdp costs at once, as ranks share cores in a run
         fsdp = measure_fsdp_costs(scenario, world, device)
-        mine = {"rows": rows, "call_s": call, "compute": compute, "host_s": host, "fsdp": fsdp}
+        mine = {"rows": rows, "call_s": call, "compute": compute, "host_s": host, "fsdp": fsdp, "link": link}
         every = [None] * world
         dist.all_gather_object(every, mine)
         dist.barrier()
@@ -273,6 +303,9 @@ def calibrate_rank(scenario, denv, *, backend: str, timeout_s: float, sizes, rep
         inrun_collectives=merge_inrun([m["compute"]["comms"] for m in every], world),
         flops_per_step=every[0]["compute"]["flops_per_step"],
         compute_ops_per_step=every[0]["compute"]["ops_per_step"],
+        flops_per_step_per_rank=[m["compute"]["flops_per_step"] for m in every],
+        compute_ops_per_step_per_rank=[m["compute"]["ops_per_step"] for m in every],
+        host_link_Bps=statistics.median(m["link"] for m in every) if every[0]["link"] else None,
         strategy=scenario.training.strategy,
         host_overhead_s=statistics.median(m["host_s"] for m in every),
         dtype=scenario.workload.dtype,

@@ -10,15 +10,15 @@ being predicted feeds the prediction:
 1. ``python -m oresearcher.calibrate --backend=gloo`` on the same scenario (its own
    launch): the fabric's fit to an idle sweep of collectives.
 2. The host link a switch crosses: one agent's state copied out and back, median of 50
-   (``host_link_GBps``, which calibrate does not write).
+   (``host_link_GBps``; calibrate writes the same measurement, ``measure_host_link``).
 3. A calibration run: its own launch of the same scenario (same program, same rounds,
    the same schedule), from whose trace, on each round's critical rank (the last to
    reach the round's all-gather; rounds 2..):
 
    - the compute rate: the agents' FLOPs per step x the steps it ran / the seconds of
      its forward+backward and optimizer ops (the optimizer folded into the rate, as
-     calibrate does). Calibrate's own rate divides rank 0's FLOPs by the slowest rank's
-     time, a mismatch once ranks run different work; and where ranks share cores, a
+     calibrate does). Calibrate takes each rank's own FLOPs over its own time and keeps
+     the slowest rank's rate; where ranks share cores, a
      rank computing while the others wait at the gather runs faster per step than one
      computing beside them, so the rate is taken where the round's time is decided;
    - the host overhead per Compute op: the seconds between its ops (the program's own
@@ -64,7 +64,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 import alloc_ops  # noqa: E402
-from oresearcher.programs.cooperative_hosted import device_time_vs_shares, move_in, move_out, state_bytes  # noqa: E402
+from oresearcher.programs.cooperative_hosted import device_time_vs_shares  # noqa: E402
 from oresearcher.errors import UserError  # noqa: E402
 from oresearcher.scenario import load_scenario  # noqa: E402
 
@@ -72,20 +72,13 @@ SCENARIO = REPO / "scenarios" / "alloc-8on4.yaml"
 
 
 def host_link_GBps(sets) -> tuple:
-    """One agent's state copied out to host buffers and back, median of 50 (GB/s one way);
-    and the learner (its FLOPs per step)."""
+    """One agent's state copied out to host buffers and back, median of 50 (GB/s one way,
+    calibrate's own measurement); and the learner (its FLOPs per step)."""
+    from oresearcher.backends.calibration import measure_host_link
     from oresearcher.tasks import make_learner
 
     sc = load_scenario(SCENARIO, sets)
-    learner = make_learner(sc, 0, mode="real", device="cpu")
-    learner.forward_backward()
-    learner.optimizer_step()
-    ts = []
-    for _ in range(50):
-        t = time.perf_counter()
-        move_in(learner, move_out(learner))
-        ts.append(time.perf_counter() - t)
-    return 2 * state_bytes(learner, sc.workload.optimizer) / statistics.median(ts) / 1e9, learner
+    return measure_host_link(sc, 0, "cpu") / 1e9, make_learner(sc, 0, mode="real", device="cpu")
 
 
 def round_time(report) -> float:

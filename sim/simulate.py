@@ -41,6 +41,11 @@ def build_cluster(scenario: Scenario):
     device = lookup(cat, "device", cl.device, f"{src}: cluster.device")
     intra = lookup(cat, "fabric", cl.intra_node, f"{src}: cluster.intra_node")
     inter = lookup(cat, "fabric", cl.inter_node, f"{src}: cluster.inter_node") if cl.inter_node else None
+    if (scenario.training.strategy == "oresearcher" and scenario.cooperation.allocation.agents_per_device > 1
+            and getattr(device, "host_link_GBps", None) is None):
+        raise UserError(f"{src}: cluster.device {device.name!r} has no host_link_GBps, which hosted agents "
+                        "(cooperation.allocation.agents_per_device > 1) need to price their switches; add it to "
+                        "the profile (oresearcher.calibrate writes it for such a scenario)")
     topo = build_topology(scenario.world_size, cl.gpus_per_node, intra, inter, cl.nics_per_node)
     return device, topo
 

@@ -166,3 +166,17 @@ def test_sim_round_synchronises_once():
     report = _sim(None)
     names = {b["name"]: b for b in report["breakdown"]}
     assert set(names) == {"round_gather"} and names["round_gather"]["count"] == 4 * 10
+
+
+def test_a_profile_without_a_host_link_is_one_line_and_exit_2(tmp_path):
+    import subprocess
+    import sys
+
+    prof = tmp_path / "p.yaml"  # a device profile as an older calibrate wrote it: no host_link_GBps
+    prof.write_text("kind: device\nname: no-link\npeak_flops: {fp32: 1.0e9, bf16: 1.0e9, fp16: 1.0e9}\n"
+                    "efficiency: 1.0\nmemory_bytes: 1.0e9\nhost_overhead_us: 1.0\nstreams: false\n")
+    cmd = [sys.executable, "-m", "oresearcher.sim", str(REPO / "scenarios" / "alloc-8on4.yaml"),
+           "--set", f"cluster.profile_files=[{prof}]", "--set", "cluster.device=no-link", "--out", str(tmp_path / "o")]
+    p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert "'no-link' has no host_link_GBps" in p.stderr and len(p.stderr.strip().splitlines()) == 1

@@ -1,6 +1,7 @@
 """The typed measurement record passed from the backend's measurement through the fabric
 fit, the jitter statistics and the profile documents to the CLI."""
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -64,3 +65,29 @@ def test_a_host_too_busy_to_describe_is_capped_at_the_profiles_bound_and_still_l
     dev, _ = load_profile_file(tmp_path / "p.yaml")
     assert dev.compute_jitter_cv == JITTER_CV_MAX
     assert f"capped at {JITTER_CV_MAX:g}" in (tmp_path / "p.yaml").read_text()
+
+
+def test_ranks_with_different_work_give_each_rank_its_own_rate():
+    # rank 0 hosts agents with a small share (1 GFLOP in 0.1 s), rank 1 the big one
+    # (3 GFLOP in 0.2 s); 10 ops a step at 5 us each come off both. By hand: rates
+    # 1e9 / 0.09995 and 3e9 / 0.19995; the slowest is rank 0's, the mean 4e9 / 0.2999.
+    m = record(flops_per_step=1e9, compute_step_s=0.2, compute_step_s_mean=0.15, compute_ops_per_step=10,
+               flops_per_step_per_rank=[1e9, 3e9], compute_step_s_per_rank=[0.1, 0.2],
+               compute_ops_per_step_per_rank=[10, 10])
+    assert compute_rate(m) == pytest.approx(1e9 / 0.09995)
+    assert compute_rate(m, jitter=True) == pytest.approx(4e9 / 0.2999)
+    # the same FLOPs on every rank: rank 0's count over the slowest rank, as before
+    same = m.with_(flops_per_step_per_rank=[1e9, 1e9])
+    assert compute_rate(same) == pytest.approx(1e9 / (0.2 - 10 * 5e-6))
+    assert compute_rate(same, jitter=True) == pytest.approx(1e9 / (0.15 - 10 * 5e-6))
+
+
+def test_a_hosted_program_is_timed_in_rounds():
+    from oresearcher.backends.calibration import steps_per_report
+    from oresearcher.scenario import load_scenario
+
+    scenarios = Path(__file__).resolve().parents[1] / "scenarios"
+    hosted = load_scenario(scenarios / "alloc-8on4.yaml")
+    assert steps_per_report(hosted) == hosted.communication.interval > 1
+    assert steps_per_report(load_scenario(scenarios / "digits-4.yaml")) == 1
+    assert steps_per_report(load_scenario(scenarios / "cpu-tiny.yaml")) == 1

@@ -24,14 +24,32 @@ def compute_rate(m: Measurement, jitter: bool = False) -> float:
     seconds already hold the host overhead, so it is taken off before dividing. Without
     jitter the simulated ranks are identical, so the slowest rank's mean sets the pace
     (``compute_step_s``); with jitter the simulator draws the imbalance itself, so the
-    rate is the mean over ranks (``compute_step_s_mean``) and the pace emerges.
+    rate is the mean over ranks (``compute_step_s_mean``) and the pace emerges. Where the
+    ranks declare different FLOPs (several agents per rank, handed device time by shares),
+    each rank's rate is its own FLOPs over its own seconds: the slowest of those without
+    jitter, all FLOPs over all seconds with it.
     """
     m = Measurement.of(m)
     if m.flops_per_step <= 0:
         raise UserError(f"the {m.strategy} program's Compute ops declare no FLOPs; nothing to calibrate")
+    per = _per_rank(m)
+    if per:  # ranks that do different work (several agents per rank by shares): each rank's own rate
+        if jitter:  # the mean rank: all FLOPs over all compute seconds
+            return sum(f for f, _ in per) / max(sum(s for _, s in per), 1e-9)
+        return min(f / max(s, 1e-9) for f, s in per)  # the slowest rank's own rate sets the pace
     host = m.compute_ops_per_step * m.host_overhead_s
     step = m.mean_step_s if jitter else m.compute_step_s
     return m.flops_per_step / max(step - host, 1e-9)
+
+
+def _per_rank(m: Measurement) -> list:
+    """[(FLOPs, compute seconds less host overhead)] per rank where the ranks declared
+    different FLOPs; [] where they declared the same (rank 0's count holds for all)."""
+    flops, secs, ops = m.flops_per_step_per_rank, m.compute_step_s_per_rank, m.compute_ops_per_step_per_rank
+    if not flops or len(flops) != len(secs) or len(set(flops)) == 1:
+        return []
+    ops = ops if len(ops) == len(flops) else [m.compute_ops_per_step] * len(flops)
+    return [(f, s - n * m.host_overhead_s) for f, s, n in zip(flops, secs, ops)]
 
 def pass_rate(m: Measurement, jitter: bool = False) -> float | None:
     """FLOP/s of the program's FLOP-declaring Compute ops alone (the model's passes), as
@@ -85,6 +103,7 @@ def device_doc(name: str, m: Measurement, memory_bytes: float, jitter: bool = Fa
         **({"fsdp_gather_param_us": m.gather_param_s / US} if m.gather_param_s is not None else {}),
         **({"fsdp_reduce_param_us": m.reduce_param_s / US} if m.reduce_param_s is not None else {}),
         **({"fsdp_unit_step_us": m.unit_step_s / US} if m.unit_step_s is not None else {}),
+        **({"host_link_GBps": m.host_link_Bps / GB} if m.host_link_Bps else {}),  # hosted agents' switches
     }
 
 def fabric_doc(name: str, fit: FabricFit, backend: str = "gloo") -> dict:
@@ -111,7 +130,10 @@ def profile_text(device: dict, fabric: dict, m: Measurement, errors: list[dict])
         f"slowest rank (all ranks at once, {m.dtype}; per rank: "
         + ", ".join(f"{1e3 * t:.3f}" for t in m.compute_step_s_per_rank) + " ms; "
         + "step time spread (std/mean) per rank: "
-        + ", ".join(f"{c:.2f}" for c in m.compute_cv_per_rank) + ").",
+        + ", ".join(f"{c:.2f}" for c in m.compute_cv_per_rank) + ")"
+        + ("; the ranks declare different FLOPs (" + ", ".join(f"{f:.4g}" for f in m.flops_per_step_per_rank)
+           + "), so each rank's rate is its own FLOPs over its own time and the slowest rate is kept"
+           if _per_rank(m) else "") + ".",
         f"# compute jitter: per-step spread pooled over ranks {pooled_cv(steps):.3f}, "
         f"not shared with the other ranks {pooled_cv(own_slowness(steps)):.3f}"
         f" -> compute_jitter_cv {device.get('compute_jitter_cv', 0.0):.3f} per "

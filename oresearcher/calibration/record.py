@@ -36,6 +36,9 @@ class Measurement:
     inrun_factor: float = 1.0  # in-run collectives / the idle sweep's fit (1: not applied)
     pass_step_s_per_rank: list = field(default_factory=list)  # seconds of the FLOP-declaring ops per step
     pass_ops_per_step: float = 0.0  # how many of the Compute ops declare FLOPs
+    flops_per_step_per_rank: list = field(default_factory=list)  # each rank's declared FLOPs (programs whose ranks differ)
+    compute_ops_per_step_per_rank: list = field(default_factory=list)
+    host_link_Bps: Optional[float] = None  # one way: an agent's state out to host buffers and back (hosted agents)
     copy_Bps: Optional[float] = None  # read + write bytes/s copying a block, every rank at once (fsdp)
     dtensor_param_step_s: Optional[float] = None  # a DTensor shard's optimizer step over a plain one's (fsdp)
     optimizer_element_s: Optional[float] = None  # a plain optimizer step per local element (fsdp)
