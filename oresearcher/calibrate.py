@@ -79,6 +79,7 @@ from .calibration.jitter import (  # noqa: F401
 from .calibration.profiles import (  # noqa: F401
     compute_rate, device_doc, fabric_doc, jitter_fit, profile_text, roofline_doc)
 from .calibration.record import Measurement  # noqa: F401 (re-exported)
+from . import role_mix
 from .errors import UserError
 from .scenario import load_raw, load_scenario
 from .scenario_files import find_scenario
@@ -144,9 +145,14 @@ def _scenario(args):
     overrides = list(args.set)
     if args.num_agents:
         overrides.append(f"agents.count={args.num_agents}")
-        cluster = load_raw(args.scenario).get("cluster") or {}
+        raw = load_raw(args.scenario)
+        cluster = raw.get("cluster") or {}
         if cluster.get("nodes", 1) == 1 and args.num_agents > cluster.get("gpus_per_node", 8):
             overrides.append(f"cluster.gpus_per_node={args.num_agents}")
+        if not any(s.startswith("agents.roles") for s in args.set):  # keep the mix, as the run CLI does
+            roles = role_mix.override(raw.get("agents"), role_mix.agents_at(raw, overrides, args.num_agents))
+            if roles:
+                overrides.append(roles)
     return load_scenario(args.scenario, overrides)
 
 

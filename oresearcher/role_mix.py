@@ -5,7 +5,9 @@ changes the count (``--num_agents=16`` on a scenario written for 8) keeps the mi
 each role gets its share of the new count, rounded by the largest-remainder (Hamilton)
 method, so the counts add up exactly and each lies within one of its exact share
 (3/3/2 of 8 becomes 6/6/4 of 16; 1/2/1 of 4 becomes 1/1/1 of 3: the largest
-remainders first, ties in the order explorer, optimizer, validator).
+remainders first, ties in the order explorer, optimizer, validator). With fsdp's sharded
+agents (``fsdp.replicas: fusion``) the mix counts agents, not ranks: ranks /
+``fsdp.shard_group_size`` (:func:`agents_at`).
 """
 from __future__ import annotations
 
@@ -23,6 +25,27 @@ def scaled(roles: dict, count: int) -> dict:
     for r in sorted(ORDER, key=lambda r: (-(quotas[r] - out[r]), ORDER.index(r)))[:left]:
         out[r] += 1
     return out
+
+
+def agents_at(raw: dict, overrides: list, ranks: int) -> int:
+    """How many agents the role mix counts at ``ranks`` ranks: ranks / shard group size for
+    fsdp's sharded agents (``training.strategy: fsdp``, ``fsdp.replicas: fusion``), else
+    ranks. ``overrides`` (``field=value`` strings, later ones win) may change the three."""
+    fsdp = raw.get("fsdp") if isinstance(raw.get("fsdp"), dict) else {}
+    training = raw.get("training") if isinstance(raw.get("training"), dict) else {}
+    vals = {"training.strategy": training.get("strategy"), "fsdp.replicas": fsdp.get("replicas"),
+            "fsdp.shard_group_size": fsdp.get("shard_group_size")}
+    for o in overrides:
+        key, _, value = str(o).partition("=")
+        if key.strip() in vals:
+            vals[key.strip()] = value.strip()
+    if str(vals["training.strategy"]) != "fsdp" or str(vals["fsdp.replicas"]) != "fusion":
+        return ranks
+    try:
+        size = int(vals["fsdp.shard_group_size"] or 0)
+    except ValueError:
+        return ranks  # the scenario's validation names the bad value
+    return ranks // size if size > 0 and ranks % size == 0 else ranks
 
 
 def override(raw_agents, count: int) -> Optional[str]:

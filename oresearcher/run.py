@@ -147,7 +147,8 @@ def scenario_overrides(args, raw: dict) -> list[str]:
         if cluster.get("nodes", 1) == 1 and cluster.get("gpus_per_node", 8) < args.num_agents <= 64:
             out.append(f"cluster.gpus_per_node={args.num_agents}")  # one node: grow it to fit the agents
         if not any(s.startswith("agents.roles") for s in args.set):  # a mix set on purpose is the user's
-            roles = role_mix.override(raw.get("agents"), args.num_agents)  # the mix, at the new count
+            agents = role_mix.agents_at(raw, out, args.num_agents)  # sharded agents: ranks / shard size
+            roles = role_mix.override(raw.get("agents"), agents)  # the mix, at the new count
             if roles:
                 out.append(roles)
     return out

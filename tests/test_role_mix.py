@@ -65,3 +65,24 @@ def test_a_mix_set_on_purpose_is_kept(tmp_path):
     args = build_parser().parse_args(["--scenario", str(REPO / "scenarios" / "8xA100.yaml"), "--num_agents=16",
                                       "--set", "agents.roles={explorer: 16}", "--out", str(tmp_path / "o")])
     assert load(args)[0].agents.roles.model_dump() == {"explorer": 16, "optimizer": 0, "validator": 0}
+
+
+def test_sharded_agents_count_groups_not_ranks(tmp_path):
+    fsdp = {"training": {"strategy": "fsdp"}, "fsdp": {"replicas": "fusion", "shard_group_size": 2}}
+    assert role_mix.agents_at(fsdp, [], 8) == 4
+    assert role_mix.agents_at(fsdp, ["fsdp.shard_group_size=4"], 8) == 2  # an override wins
+    assert role_mix.agents_at(fsdp, ["fsdp.replicas=allreduce"], 8) == 8  # one model: ranks
+    assert role_mix.agents_at(fsdp, [], 7) == 7  # does not divide: validation says so
+    assert role_mix.agents_at({"training": {"strategy": "ddp"}}, [], 8) == 8
+    # the run CLI: cpu-fsdp-agents (one explorer, one optimizer; 2 x 2 ranks) on 8 ranks is 4 agents, 2 + 2
+    args = build_parser().parse_args(["--scenario", str(REPO / "scenarios" / "cpu-fsdp-agents.yaml"),
+                                      "--num_agents=8", "--out", str(tmp_path / "o")])
+    sc = load(args)[0]
+    assert sc.world_size == 8 and sum(sc.agents.roles.model_dump().values()) == 4
+
+
+def test_calibrate_keeps_the_mix_too():
+    from oresearcher.calibrate import _scenario, build_parser as calibrate_parser
+
+    args = calibrate_parser().parse_args(["--scenario", str(REPO / "scenarios" / "8xA100.yaml"), "--num_agents=16"])
+    assert _scenario(args).agents.roles.model_dump() == {"explorer": 6, "optimizer": 6, "validator": 4}
