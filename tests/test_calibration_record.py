@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from oresearcher.calibrate import write_profile
-from oresearcher.calibration.profiles import compute_rate, device_doc
+from oresearcher.calibration.profiles import compute_rate, device_doc, pass_rate
 from oresearcher.calibration.record import Measurement
 
 
@@ -76,6 +76,10 @@ def test_ranks_with_different_work_give_each_rank_its_own_rate():
                compute_ops_per_step_per_rank=[10, 10])
     assert compute_rate(m) == pytest.approx(1e9 / 0.09995)
     assert compute_rate(m, jitter=True) == pytest.approx(4e9 / 0.2999)
+    # the passes alone the same way: 1 GFLOP in 0.05 s and 3 GFLOP in 0.1 s, 4 pass ops a step
+    passes = m.with_(pass_step_s_per_rank=[0.05, 0.1], pass_ops_per_step=4)
+    assert pass_rate(passes) == pytest.approx(min(1e9 / 0.04998, 3e9 / 0.09998))
+    assert pass_rate(passes, jitter=True) == pytest.approx(4e9 / 0.14996)
     # the same FLOPs on every rank: rank 0's count over the slowest rank, as before
     same = m.with_(flops_per_step_per_rank=[1e9, 1e9])
     assert compute_rate(same) == pytest.approx(1e9 / (0.2 - 10 * 5e-6))

@@ -32,33 +32,40 @@ def compute_rate(m: Measurement, jitter: bool = False) -> float:
     m = Measurement.of(m)
     if m.flops_per_step <= 0:
         raise UserError(f"the {m.strategy} program's Compute ops declare no FLOPs; nothing to calibrate")
-    per = _per_rank(m)
-    if per:  # ranks that do different work (several agents per rank by shares): each rank's own rate
-        if jitter:  # the mean rank: all FLOPs over all compute seconds
-            return sum(f for f, _ in per) / max(sum(s for _, s in per), 1e-9)
-        return min(f / max(s, 1e-9) for f, s in per)  # the slowest rank's own rate sets the pace
+    if _ranks_differ(m, m.compute_step_s_per_rank):  # several agents per rank by shares
+        return _own_rates(m, m.compute_step_s_per_rank, m.compute_ops_per_step_per_rank, m.compute_ops_per_step, jitter)
     host = m.compute_ops_per_step * m.host_overhead_s
     step = m.mean_step_s if jitter else m.compute_step_s
     return m.flops_per_step / max(step - host, 1e-9)
 
 
-def _per_rank(m: Measurement) -> list:
-    """[(FLOPs, compute seconds less host overhead)] per rank where the ranks declared
-    different FLOPs; [] where they declared the same (rank 0's count holds for all)."""
-    flops, secs, ops = m.flops_per_step_per_rank, m.compute_step_s_per_rank, m.compute_ops_per_step_per_rank
-    if not flops or len(flops) != len(secs) or len(set(flops)) == 1:
-        return []
-    ops = ops if len(ops) == len(flops) else [m.compute_ops_per_step] * len(flops)
-    return [(f, s - n * m.host_overhead_s) for f, s, n in zip(flops, secs, ops)]
+def _ranks_differ(m: Measurement, secs: list) -> bool:
+    """Whether the ranks declared different FLOPs (and ``secs`` has one entry per rank):
+    then rank 0's count does not hold for the others."""
+    flops = m.flops_per_step_per_rank
+    return bool(flops) and len(flops) == len(secs) and len(set(flops)) > 1
+
+
+def _own_rates(m: Measurement, secs: list, ops: list, ops_default: float, jitter: bool) -> float:
+    """Each rank's own FLOPs over its own seconds (less its ops' host overhead): the
+    slowest of those rates sets the pace; with jitter, all FLOPs over all seconds."""
+    ops = ops if len(ops) == len(secs) else [ops_default] * len(secs)
+    pairs = [(f, s - n * m.host_overhead_s) for f, s, n in zip(m.flops_per_step_per_rank, secs, ops)]
+    if jitter:
+        return sum(f for f, _ in pairs) / max(sum(t for _, t in pairs), 1e-9)
+    return min(f / max(t, 1e-9) for f, t in pairs)
+
 
 def pass_rate(m: Measurement, jitter: bool = False) -> float | None:
     """FLOP/s of the program's FLOP-declaring Compute ops alone (the model's passes), as
     :func:`compute_rate` takes it (host overhead off; mean rank with jitter, else the
-    slowest); None where the run did not time them."""
+    slowest; each rank's own FLOPs where they differ); None where the run did not time them."""
     m = Measurement.of(m)
     per = m.pass_step_s_per_rank
     if not per or any(t is None for t in per) or m.flops_per_step <= 0:
         return None
+    if _ranks_differ(m, per):
+        return _own_rates(m, per, [], m.pass_ops_per_step, jitter)
     step = statistics.fmean(per) if jitter else max(per)
     return m.flops_per_step / max(step - m.pass_ops_per_step * m.host_overhead_s, 1e-9)
 
@@ -133,7 +140,7 @@ def profile_text(device: dict, fabric: dict, m: Measurement, errors: list[dict])
         + ", ".join(f"{c:.2f}" for c in m.compute_cv_per_rank) + ")"
         + ("; the ranks declare different FLOPs (" + ", ".join(f"{f:.4g}" for f in m.flops_per_step_per_rank)
            + "), so each rank's rate is its own FLOPs over its own time and the slowest rate is kept"
-           if _per_rank(m) else "") + ".",
+           if _ranks_differ(m, m.compute_step_s_per_rank) else "") + ".",
         f"# compute jitter: per-step spread pooled over ranks {pooled_cv(steps):.3f}, "
         f"not shared with the other ranks {pooled_cv(own_slowness(steps)):.3f}"
         f" -> compute_jitter_cv {device.get('compute_jitter_cv', 0.0):.3f} per "
