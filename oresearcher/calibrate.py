@@ -150,7 +150,8 @@ def _scenario(args):
         if cluster.get("nodes", 1) == 1 and args.num_agents > cluster.get("gpus_per_node", 8):
             overrides.append(f"cluster.gpus_per_node={args.num_agents}")
         if not any(s.startswith("agents.roles") for s in args.set):  # keep the mix, as the run CLI does
-            roles = role_mix.override(raw.get("agents"), role_mix.agents_at(raw, overrides, args.num_agents))
+            agents = role_mix.agents_at(load_raw(args.scenario, overrides), args.num_agents)
+            roles = role_mix.override(raw.get("agents"), agents)
             if roles:
                 overrides.append(roles)
     return load_scenario(args.scenario, overrides)

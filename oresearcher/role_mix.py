@@ -27,23 +27,16 @@ def scaled(roles: dict, count: int) -> dict:
     return out
 
 
-def agents_at(raw: dict, overrides: list, ranks: int) -> int:
+def agents_at(raw: dict, ranks: int) -> int:
     """How many agents the role mix counts at ``ranks`` ranks: ranks / shard group size for
     fsdp's sharded agents (``training.strategy: fsdp``, ``fsdp.replicas: fusion``), else
-    ranks. ``overrides`` (``field=value`` strings, later ones win) may change the three."""
+    ranks. ``raw``: the scenario mapping with its overrides applied (``scenario.overridden``)."""
     fsdp = raw.get("fsdp") if isinstance(raw.get("fsdp"), dict) else {}
     training = raw.get("training") if isinstance(raw.get("training"), dict) else {}
-    vals = {"training.strategy": training.get("strategy"), "fsdp.replicas": fsdp.get("replicas"),
-            "fsdp.shard_group_size": fsdp.get("shard_group_size")}
-    for o in overrides:
-        key, _, value = str(o).partition("=")
-        if key.strip() in vals:
-            vals[key.strip()] = value.strip()
-    if str(vals["training.strategy"]) != "fsdp" or str(vals["fsdp.replicas"]) != "fusion":
+    if training.get("strategy") != "fsdp" or fsdp.get("replicas") != "fusion":
         return ranks
-    try:
-        size = int(vals["fsdp.shard_group_size"] or 0)
-    except ValueError:
+    size = fsdp.get("shard_group_size") or 0
+    if type(size) is not int:
         return ranks  # the scenario's validation names the bad value
     return ranks // size if size > 0 and ranks % size == 0 else ranks
 

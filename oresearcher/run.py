@@ -34,7 +34,7 @@ import yaml
 from .reporting.console import print_report
 from .errors import UserError
 from . import resume, role_mix
-from .scenario import load_raw, load_scenario, output_dir, strategy_alias_error
+from .scenario import load_raw, load_scenario, output_dir, overridden, strategy_alias_error
 from .scenario_files import find_scenario
 
 log = logging.getLogger("oresearcher.run")
@@ -147,7 +147,7 @@ def scenario_overrides(args, raw: dict) -> list[str]:
         if cluster.get("nodes", 1) == 1 and cluster.get("gpus_per_node", 8) < args.num_agents <= 64:
             out.append(f"cluster.gpus_per_node={args.num_agents}")  # one node: grow it to fit the agents
         if not any(s.startswith("agents.roles") for s in args.set):  # a mix set on purpose is the user's
-            agents = role_mix.agents_at(raw, out, args.num_agents)  # sharded agents: ranks / shard size
+            agents = role_mix.agents_at(overridden(raw, out, "--set"), args.num_agents)  # sharded: ranks / shard size
             roles = role_mix.override(raw.get("agents"), agents)  # the mix, at the new count
             if roles:
                 out.append(roles)

@@ -326,10 +326,15 @@ def load_raw(path: str | Path, overrides: list[str] = ()) -> dict:
     data = read_yaml(path)
     if not isinstance(data, dict):
         raise UserError(f"{path}: expected a mapping of sections, got {type(data).__name__}")
+    return overridden(data, overrides, str(path))
+
+
+def overridden(data: dict, overrides: list[str], label: str) -> dict:
+    """A copy of the raw mapping ``data`` with the ``field=value`` overrides applied."""
     data = copy.deepcopy(data)
     for text in overrides:
         keys, value = parse_override(text)
-        apply_override(data, keys, value, str(path))
+        apply_override(data, keys, value, label)
     return data
 
 

@@ -68,12 +68,14 @@ def test_a_mix_set_on_purpose_is_kept(tmp_path):
 
 
 def test_sharded_agents_count_groups_not_ranks(tmp_path):
+    from oresearcher.scenario import overridden
+
     fsdp = {"training": {"strategy": "fsdp"}, "fsdp": {"replicas": "fusion", "shard_group_size": 2}}
-    assert role_mix.agents_at(fsdp, [], 8) == 4
-    assert role_mix.agents_at(fsdp, ["fsdp.shard_group_size=4"], 8) == 2  # an override wins
-    assert role_mix.agents_at(fsdp, ["fsdp.replicas=allreduce"], 8) == 8  # one model: ranks
-    assert role_mix.agents_at(fsdp, [], 7) == 7  # does not divide: validation says so
-    assert role_mix.agents_at({"training": {"strategy": "ddp"}}, [], 8) == 8
+    assert role_mix.agents_at(fsdp, 8) == 4
+    assert role_mix.agents_at(overridden(fsdp, ["fsdp.shard_group_size=4"], "t"), 8) == 2  # an override wins
+    assert role_mix.agents_at(overridden(fsdp, ["fsdp.replicas=allreduce"], "t"), 8) == 8  # one model: ranks
+    assert role_mix.agents_at(fsdp, 7) == 7  # does not divide: validation says so
+    assert role_mix.agents_at({"training": {"strategy": "ddp"}}, 8) == 8
     # the run CLI: cpu-fsdp-agents (one explorer, one optimizer; 2 x 2 ranks) on 8 ranks is 4 agents, 2 + 2
     args = build_parser().parse_args(["--scenario", str(REPO / "scenarios" / "cpu-fsdp-agents.yaml"),
                                       "--num_agents=8", "--out", str(tmp_path / "o")])
