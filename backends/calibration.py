@@ -41,6 +41,7 @@ from oresearcher.calibration.record import Measurement
 from oresearcher.reporting.report import Timeline
 
 from .calibration_fsdp import measure_fsdp_costs
+from .calibration_fsdp_inrun import measure_fsdp_step, merge_steps, schedule_groups
 from .interpreter import Interpreter
 
 log = logging.getLogger(__name__)
@@ -281,7 +282,11 @@ def calibrate_rank(scenario, denv, *, backend: str, timeout_s: float, sizes, rep
         link = measure_host_link(scenario, rank, device) if steps_per_report(scenario) > 1 else None
         dist.barrier()  # every rank measures the fsdp costs at once, as ranks share cores in a run
         fsdp = measure_fsdp_costs(scenario, world, device)
-        mine = {"rows": rows, "call_s": call, "compute": compute, "host_s": host, "fsdp": fsdp, "link": link}
+        step = None
+        if fsdp is not None and scenario.training.strategy == "fsdp" and hasattr(learner, "save_sharded"):
+            step = measure_fsdp_step(learner)  # the program's own step by pieces (calibration_fsdp_inrun)
+        mine = {"rows": rows, "call_s": call, "compute": compute, "host_s": host, "fsdp": fsdp, "link": link,
+                "step": step}
         every = [None] * world
         dist.all_gather_object(every, mine)
         dist.barrier()
@@ -300,7 +305,8 @@ def calibrate_rank(scenario, denv, *, backend: str, timeout_s: float, sizes, rep
         compute_cv_per_rank=[m["compute"]["cv"] for m in every],
         step_seconds_per_rank=[m["compute"]["step_seconds"] for m in every],
         op_flops=every[0]["compute"]["op_flops"],
-        inrun_collectives=merge_inrun([m["compute"]["comms"] for m in every], world),
+        # fsdp: the program's collectives run inside its Compute op; FSDP2's own, timed by pieces
+        inrun_collectives=merge_inrun([(m["step"] or m["compute"])["comms"] for m in every], world),
         flops_per_step=every[0]["compute"]["flops_per_step"],
         compute_ops_per_step=every[0]["compute"]["ops_per_step"],
         flops_per_step_per_rank=[m["compute"]["flops_per_step"] for m in every],
@@ -312,7 +318,17 @@ def calibrate_rank(scenario, denv, *, backend: str, timeout_s: float, sizes, rep
         pass_step_s_per_rank=[m["compute"].get("pass_s") for m in every],
         pass_ops_per_step=every[0]["compute"].get("pass_ops", 0.0),
         **_fsdp_fields([m["fsdp"] for m in every]),
+        fsdp_step=_fsdp_step(scenario, world, every),
     )
+
+
+def _fsdp_step(scenario, world: int, every: list) -> dict | None:
+    """Every rank's fsdp step by pieces, and what the schedule charges at the
+    microbenchmarks' constants (median over ranks); None where it was not timed."""
+    if any(m["step"] is None for m in every):
+        return None
+    return {**merge_steps([m["step"] for m in every]),
+            "schedule": schedule_groups(scenario, world, _fsdp_fields([m["fsdp"] for m in every]))}
 
 
 def _fsdp_fields(per_rank: list) -> dict:

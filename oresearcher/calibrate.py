@@ -56,7 +56,11 @@ schedule prices beside the FLOPs (``oresearcher/programs/fsdp_costs.py``), measu
 every rank busy (``backends/calibration_fsdp.py``): the rate of the FLOP-declaring Compute
 ops alone (``pass_flops_per_s``), the copy bandwidth at a block's size, the sharded
 optimizer's DTensor dispatch and plain step, and FSDP2's bookkeeping per parameter per
-collective and its hooks per unit.
+collective and its hooks per unit. Calibrating an fsdp scenario itself also times the
+program's own step by pieces (``backends/calibration_fsdp_inrun.py``; its forward and
+backward is one Compute op with FSDP2's collectives inside): the fabric is scaled to
+FSDP2's collectives, each group of those constants to its share of the real step, and the
+passes' rate (the device's rate too) is their FLOPs over the rest of forward and backward.
 
 The device rate is the FLOPs the program's Compute ops declare divided by the time
 they took: work the FLOP counts miss (optimizer steps, packing, a codec's elementwise
@@ -77,7 +81,7 @@ from .calibration.fabric_fit import (  # noqa: F401 (re-exported: the calibratio
 from .calibration.jitter import (  # noqa: F401
     op_jitter_cv, own_slowness, persistence_rho, pooled_cv, sync_period, variance_ratio)
 from .calibration.profiles import (  # noqa: F401
-    compute_rate, device_doc, fabric_doc, jitter_fit, profile_text, roofline_doc)
+    compute_rate, device_doc, fabric_doc, fsdp_fit, jitter_fit, profile_text, roofline_doc)
 from .calibration.record import Measurement  # noqa: F401 (re-exported)
 from . import role_mix
 from .errors import UserError
@@ -225,8 +229,9 @@ def main(argv=None) -> int:
         m = m.with_(sync_period=sync_period(scenario), roofline=roofline_rates(scenario, args.backend))
         out = Path(args.out or Path("runs") / scenario.name / "profile.yaml")
         fit = write_profile(out, m, args.device_name, args.fabric_name, args.jitter, args.in_run)
+        fsdp = fsdp_fit(m, args.jitter)  # the fsdp program's rate is its passes' (calibration/profiles.py)
         log.info("wrote %s: %.3g GFLOP/s per rank; %.2f GB/s, base %.0f us, hop %.0f us, call %.0f us",
-                 out, compute_rate(m, args.jitter) / 1e9, fit.bandwidth_Bps / GB,
+                 out, (fsdp["pass_flops_per_s"] if fsdp else compute_rate(m, args.jitter)) / 1e9, fit.bandwidth_Bps / GB,
                  fit.base_latency_s / US, fit.hop_latency_s / US, fit.call_overhead_s / US)
     return 0
 

@@ -95,3 +95,87 @@ def test_a_hosted_program_is_timed_in_rounds():
     assert steps_per_report(hosted) == hosted.communication.interval > 1
     assert steps_per_report(load_scenario(scenarios / "digits-4.yaml")) == 1
     assert steps_per_report(load_scenario(scenarios / "cpu-tiny.yaml")) == 1
+
+
+def _fsdp_record(**kw):
+    micro = dict(copy_Bps=10e9, dtensor_param_step_s=100e-6, optimizer_element_s=4e-9, gather_param_s=30e-6,
+                 reduce_param_s=25e-6, unit_step_s=600e-6)
+    step = {"passes_s": [0.020, 0.022], "copies_s": [0.006, 0.008], "optimizer_s": [0.006, 0.007],
+            "comm_s": [0.030, 0.031],
+            "schedule": {"copies_s": 0.004, "optimizer_s": 0.005, "hooks_s": 0.003, "pass_flops": 6.0e8}}
+    return record(strategy="fsdp", **{**micro, "fsdp_step": step, **kw})
+
+
+def test_fsdp_constants_scaled_to_the_programs_own_step_by_hand():
+    from oresearcher.calibration.profiles import fsdp_fit
+
+    m = _fsdp_record()
+    # slowest rank: copies 8 ms over the schedule's 4 -> x2; optimizer 7 over 5 -> x1.4;
+    # passes 22 - 3 ms of hooks = 19 ms for 6e8 FLOP
+    fit = fsdp_fit(m)
+    assert fit["copies_factor"] == pytest.approx(2.0) and fit["optimizer_factor"] == pytest.approx(1.4)
+    assert fit["memory_bandwidth_GBps"] == pytest.approx(5.0)
+    assert fit["fsdp_gather_param_us"] == pytest.approx(60.0) and fit["fsdp_reduce_param_us"] == pytest.approx(50.0)
+    assert fit["dtensor_param_step_us"] == pytest.approx(140.0) and fit["optimizer_element_ns"] == pytest.approx(5.6)
+    assert fit["pass_flops_per_s"] == pytest.approx(6e8 / 0.019)
+    # with jitter the mean rank: copies 7 / 4, optimizer 6.5 / 5, passes 21 - 3 ms
+    fit = fsdp_fit(m, jitter=True)
+    assert fit["copies_factor"] == pytest.approx(1.75) and fit["optimizer_factor"] == pytest.approx(1.3)
+    assert fit["pass_flops_per_s"] == pytest.approx(6e8 / 0.018)
+    # the device profile carries the scaled constants, and its rate is the passes'
+    doc = device_doc("d", m, 1e9)
+    assert doc["peak_flops"]["fp32"] == doc["pass_flops_per_s"] == pytest.approx(6e8 / 0.019)
+    assert doc["memory_bandwidth_GBps"] == pytest.approx(5.0) and doc["dtensor_param_step_us"] == pytest.approx(140.0)
+    assert "copies_factor" not in doc
+    # without the step timed, the microbenchmarks' constants as they were
+    plain = device_doc("d", m.with_(fsdp_step=None), 1e9)
+    assert fsdp_fit(m.with_(fsdp_step=None)) is None
+    assert plain["memory_bandwidth_GBps"] == pytest.approx(10.0) and plain["dtensor_param_step_us"] == pytest.approx(100.0)
+
+
+def test_fsdp_step_that_cannot_be_split_is_one_line(tmp_path):
+    from oresearcher.calibration.profiles import fsdp_fit
+    from oresearcher.errors import UserError
+
+    m = _fsdp_record()
+    bad = dict(m.fsdp_step, passes_s=[0.002, 0.003])  # less than the 3 ms of hooks
+    with pytest.raises(UserError, match="could not be told apart"):
+        fsdp_fit(m.with_(fsdp_step=bad))
+
+
+def test_fsdp_profile_header_says_what_was_scaled(tmp_path):
+    from sim.hardware import load_profile_file
+
+    write_profile(tmp_path / "p.yaml", _fsdp_record(), "cpu-cal", "gloo-cal", jitter=False)
+    text = (tmp_path / "p.yaml").read_text()
+    assert "# fsdp step, the program's own" in text and "-> copies x 2.000" in text and "optimizer x 1.400" in text
+    assert "# passes: the" not in text  # the program's FLOP ops hold its collectives: not a pass rate
+    dev, _ = load_profile_file(tmp_path / "p.yaml")
+    assert dev.memory_bandwidth_GBps == pytest.approx(5.0) and dev.pass_flops_per_s == pytest.approx(6e8 / 0.019)
+
+
+def test_schedule_groups_by_hand():
+    """What the CPU schedule charges per step, by group, from the constants: llama-tiny's
+    plan (a root unit and 4 blocks), ZeRO-3 (blocks 1-3 gathered again for backward)."""
+    from oresearcher.backends.calibration_fsdp_inrun import schedule_groups
+    from oresearcher.scenario import load_scenario
+    from oresearcher.sharding import scenario_plan
+
+    sc = load_scenario(Path(__file__).resolve().parents[1] / "scenarios" / "cpu-fsdp.yaml", ["agents.count=2"])
+    plan = scenario_plan(sc)
+    root, blocks = len(plan.root.shapes), [len(b.shapes) for b in plan.blocks]
+    params = root + sum(blocks)
+    local = sum(u.padded_numel(2) // 2 for u in plan.units)
+    costs = dict(copy_Bps=1e30, dtensor_param_step_s=1e-4, optimizer_element_s=4e-9, gather_param_s=3e-5,
+                 reduce_param_s=2e-5, unit_step_s=6e-4)
+    g = schedule_groups(sc, 2, costs)
+    gathered = root + sum(blocks) + sum(blocks[:-1])  # forward: every unit; backward: the resharded blocks
+    assert g["copies_s"] == pytest.approx(gathered * 3e-5 + params * 2e-5)  # no bytes at infinite bandwidth
+    assert g["optimizer_s"] == pytest.approx(params * 1e-4 + local * 4e-9)
+    assert g["hooks_s"] == pytest.approx((1 + len(blocks)) * 6e-4)
+    assert g["pass_flops"] == pytest.approx(plan.root.fwd_flops + plan.root.bwd_flops
+                                            + sum(b.fwd_flops + b.bwd_flops for b in plan.blocks))
+    # the bytes go as one over the bandwidth
+    slow = schedule_groups(sc, 2, dict(costs, copy_Bps=1e9, gather_param_s=0.0, reduce_param_s=0.0))
+    slower = schedule_groups(sc, 2, dict(costs, copy_Bps=5e8, gather_param_s=0.0, reduce_param_s=0.0))
+    assert slower["copies_s"] == pytest.approx(2 * slow["copies_s"]) and slow["copies_s"] > 0

@@ -70,6 +70,42 @@ def pass_rate(m: Measurement, jitter: bool = False) -> float | None:
     return m.flops_per_step / max(step - m.pass_ops_per_step * m.host_overhead_s, 1e-9)
 
 
+def fsdp_fit(m: Measurement, jitter: bool = False) -> dict | None:
+    """The fsdp schedule's host costs at the level of the fsdp program's own step
+    (``Measurement.fsdp_step``, backends/calibration_fsdp_inrun.py); None where it was not
+    timed. Each group's seconds per step (the slowest rank's; with jitter the mean over
+    ranks, as :func:`compute_rate`) over what the schedule charges for it at the
+    microbenchmarks' constants scales that group's constants:
+
+    - FSDP2's copies and bookkeeping by ``c``: copy bandwidth / c, bookkeeping per
+      parameter per all-gather and per reduce-scatter x c;
+    - the optimizer by ``o``: DTensor dispatch per parameter and the plain step per
+      element x o;
+    - the passes: their FLOPs over the rest of forward and backward less the hooks the
+      schedule charges (the microbenchmark's), ``pass_flops_per_s``.
+
+    Returns the profile fields, and ``copies_factor``, ``optimizer_factor``."""
+    m = Measurement.of(m)
+    s = m.fsdp_step
+    if not s or m.copy_Bps is None or m.dtensor_param_step_s is None:
+        return None
+    pick = statistics.fmean if jitter else max
+    sched = s["schedule"]
+    passes = pick(s["passes_s"]) - sched["hooks_s"]
+    if sched["copies_s"] <= 0 or sched["optimizer_s"] <= 0 or passes <= 0 or sched["pass_flops"] <= 0:
+        raise UserError("the fsdp step's pieces could not be told apart (a group took no time, or the hooks "
+                        "the microbenchmark measured exceed the passes): calibrate again on a quieter host")
+    c = pick(s["copies_s"]) / sched["copies_s"]
+    o = pick(s["optimizer_s"]) / sched["optimizer_s"]
+    return {"pass_flops_per_s": sched["pass_flops"] / passes,
+            "memory_bandwidth_GBps": m.copy_Bps / c / GB,
+            "dtensor_param_step_us": m.dtensor_param_step_s * o / US,
+            "optimizer_element_ns": m.optimizer_element_s * o / 1e-9,
+            "fsdp_gather_param_us": m.gather_param_s * c / US,
+            "fsdp_reduce_param_us": m.reduce_param_s * c / US,
+            "copies_factor": c, "optimizer_factor": o}
+
+
 def jitter_fit(m: Measurement) -> tuple[float, float]:
     """The device profile's ``(compute_jitter_cv, compute_jitter_rho)`` from the measured
     per-step compute times, both fitted to what ranks do not share (:func:`own_slowness`).
@@ -91,7 +127,10 @@ def device_doc(name: str, m: Measurement, memory_bytes: float, jitter: bool = Fa
     m = Measurement.of(m)
     rate = compute_rate(m, jitter)
     cv, rho = jitter_fit(m) if jitter else (0.0, 0.0)
-    return {
+    fit = fsdp_fit(m, jitter)
+    if fit is not None:  # the fsdp program's Compute op holds its collectives: its rate is its passes'
+        rate = fit["pass_flops_per_s"]
+    doc = {
         "kind": "device",
         "name": name,
         # measured at the scenario's dtype; a CPU runs the others no faster
@@ -112,6 +151,9 @@ def device_doc(name: str, m: Measurement, memory_bytes: float, jitter: bool = Fa
         **({"fsdp_unit_step_us": m.unit_step_s / US} if m.unit_step_s is not None else {}),
         **({"host_link_GBps": m.host_link_Bps / GB} if m.host_link_Bps else {}),  # hosted agents' switches
     }
+    if fit is not None:
+        doc.update({k: v for k, v in fit.items() if not k.endswith("_factor")})
+    return doc
 
 def fabric_doc(name: str, fit: FabricFit, backend: str = "gloo") -> dict:
     return {
@@ -152,10 +194,11 @@ def profile_text(device: dict, fabric: dict, m: Measurement, errors: list[dict])
            if m.sync_period > 1 else "the program synchronises every step: no persistence to fit."),
         f"# in-run collectives: {m.inrun_factor:.3f} x the idle sweep's fit (geometric mean of "
         "measured / fitted over the program's own collectives, every rank busy; 1: not applied).",
+        *(_fsdp_step_lines(device, m) if m.fsdp_step and "pass_flops_per_s" in device else []),
         *([f"# passes: the {m.compute_ops_per_step:.0f} Compute ops include {m.pass_ops_per_step:.0f} that declare "
            f"FLOPs (the model's forward and backward), measured {1e3 * max(m.pass_step_s_per_rank):.3f} ms on the "
            f"slowest rank -> pass_flops_per_s {device['pass_flops_per_s']:.4g} (the fsdp schedule prices its "
-           "passes at it)."] if "pass_flops_per_s" in device else []),
+           "passes at it)."] if "pass_flops_per_s" in device and not m.fsdp_step else []),
         *([f"# fsdp host costs, every rank at once (median over ranks): copying a block "
            f"{m.copy_Bps / GB:.3g} GB/s (read + write) -> memory_bandwidth_GBps; a DTensor shard's "
            f"optimizer step {m.dtensor_param_step_s / US:.1f} us per parameter over a "
@@ -180,6 +223,25 @@ def profile_text(device: dict, fabric: dict, m: Measurement, errors: list[dict])
                      "sweep at the workload's shapes (backends/device_rates.py)")
     body = yaml.safe_dump_all(docs, sort_keys=False, explicit_start=False)
     return "\n".join(lines) + "\n" + body
+
+def _fsdp_step_lines(device: dict, m: Measurement) -> list[str]:
+    """What :func:`fsdp_fit` did, for the profile's header."""
+    s, sched = m.fsdp_step, m.fsdp_step["schedule"]
+    ms = lambda xs: ", ".join(f"{1e3 * x:.2f}" for x in xs)  # noqa: E731
+    return [
+        "# fsdp step, the program's own (every rank busy; ms per step per rank): passes and hooks "
+        f"{ms(s['passes_s'])}, FSDP2's copies {ms(s['copies_s'])}, optimizer {ms(s['optimizer_s'])}, "
+        f"collectives {ms(s['comm_s'])}. The schedule at the microbenchmarks' constants: copies "
+        f"{1e3 * sched['copies_s']:.2f}, optimizer {1e3 * sched['optimizer_s']:.2f}, hooks "
+        f"{1e3 * sched['hooks_s']:.2f} ms.",
+        f"# -> copies x {m.copy_Bps / GB / device['memory_bandwidth_GBps']:.3f} (memory_bandwidth_GBps "
+        f"{device['memory_bandwidth_GBps']:.3g}, bookkeeping per parameter likewise), optimizer x "
+        f"{device['dtensor_param_step_us'] * US / m.dtensor_param_step_s:.3f}; the passes' {sched['pass_flops']:.4g} "
+        f"FLOP over passes and hooks less the hooks -> pass_flops_per_s {device['pass_flops_per_s']:.4g} "
+        "(also the device's rate: the program's Compute op holds its collectives). The constants below the "
+        "microbenchmark lines are these scaled ones.",
+    ]
+
 
 def roofline_doc(device: dict, rates: dict) -> dict:
     """A second device profile, ``<name>-roofline``: the roofline model with this host's

@@ -45,6 +45,10 @@ class Measurement:
     gather_param_s: Optional[float] = None  # FSDP2's bookkeeping per parameter per all-gather (fsdp)
     reduce_param_s: Optional[float] = None  # the same per reduce-scatter (fsdp)
     unit_step_s: Optional[float] = None  # FSDP2's hooks per unit per step (fsdp)
+    # the fsdp program's own step, timed by pieces (backends/calibration_fsdp_inrun.py): lists
+    # over ranks of seconds per step (passes_s, copies_s, optimizer_s, comm_s), and
+    # "schedule": what the schedule charges per step at the microbenchmarks' constants
+    fsdp_step: Optional[dict] = None
 
     @property
     def mean_step_s(self) -> float:

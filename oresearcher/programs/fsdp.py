@@ -145,7 +145,9 @@ class Schedule:
         self.grads = [torch.empty(u.padded_numel(n), dtype=reduce_dtype, device="meta") for u in plan.units]
 
     @classmethod
-    def build(cls, ctx) -> "Schedule":
+    def build(cls, ctx, costs: HostCosts | None = None) -> "Schedule":
+        """The schedule of ``ctx``'s rank, priced at its scenario's device profile, or at
+        ``costs`` (then without streams: a CPU rank's schedule, as calibrate prices it)."""
         sc = ctx.scenario
         size = sc.fsdp.group_size(ctx.world_size)
         shard, replicate = shard_groups(ctx.rank, ctx.world_size, size)
@@ -153,6 +155,9 @@ class Schedule:
             replicate = (ctx.rank,)
         compute = DTYPES[sc.workload.dtype]
         reduce = torch.float32 if sc.fsdp.reduce_dtype == "fp32" else compute
+        if costs is not None:
+            return cls(scenario_plan(sc), shard, replicate, sc.fsdp.reshard_after_forward, compute, reduce,
+                       False, costs)
         device = _device(sc)
         return cls(scenario_plan(sc), shard, replicate, sc.fsdp.reshard_after_forward, compute, reduce,
                    device.streams, HostCosts.of(device, sc.workload.dtype))

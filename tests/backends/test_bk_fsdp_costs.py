@@ -37,3 +37,26 @@ def test_calibrate_measures_the_fsdp_host_costs(tmp_path, child_env):
     report, _ = simulate(sc)
     costs = HostCosts.of(dev, "fp32")
     assert report["step_time_s"] > 0 and costs.pass_rate == dev.pass_flops_per_s and not costs.streams
+
+
+def test_calibrate_on_the_fsdp_program_times_its_own_step(tmp_path, child_env):
+    """Calibrating the fsdp scenario itself: FSDP2's collectives, timed inside the step,
+    are the in-run rows the fabric is scaled to, and the constants are scaled to the
+    step's own pieces (backends/calibration_fsdp_inrun.py)."""
+    from oresearcher.sim.hardware import load_profile_file
+
+    prof = tmp_path / "p.yaml"
+    sets = ["--set", "agents.count=2", "--set", "workload.global_batch=4"]
+    p = subprocess.run([sys.executable, "-m", "oresearcher.calibrate", "--scenario", "scenarios/cpu-fsdp.yaml", *sets,
+                        "--out", str(prof), "--max-bytes", "5000", "--repeats", "1", "--compute-steps", "2"],
+                       cwd=REPO, env=child_env, capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stderr
+    text = prof.read_text()
+    assert "# fsdp step, the program's own" in text and "# passes: the" not in text
+    # FSDP2's per-block all-gathers and (gloo) its reduce-scatters as all-reduces of the whole input
+    rows = [line.split() for line in text.splitlines() if "**" in line and line.startswith("#   ")]
+    assert {r[1] for r in rows} == {"AllGather**", "AllReduce**"}
+    assert "in-run collectives: 1.000 x" not in text  # the fabric was scaled to them
+    dev = load_profile_file(prof)[0]
+    assert dev.flops_per_s("fp32") == dev.pass_flops_per_s > 0
+    assert dev.memory_bandwidth_GBps > 0 and dev.dtensor_param_step_us > 0
