@@ -201,7 +201,7 @@ def _passes(tl: Timeline, oplog: _OpLog, warmup: int) -> dict:
     return {"pass_s": sum(d for _, d in kept) / steps, "pass_ops": len(kept) / steps}
 
 
-def merge_inrun(per_rank: list[list[tuple]], world: int) -> list[dict]:
+def merge_inrun(per_rank: list[list[tuple]], world: int, pick=min) -> list[dict]:
     """Rows {kind, bytes, time_s, workload, in_run} from every rank's in-run collectives.
 
     Every rank issues the same collectives in the same order (else nothing is merged).
@@ -209,7 +209,8 @@ def merge_inrun(per_rank: list[list[tuple]], world: int) -> list[dict]:
     no one, so its time is arrival-to-completion, what the simulator charges (the
     others' extra is peer waiting, which the simulator models separately). Instances of
     one kind and size are averaged. Only world-group collectives of the ring model's
-    kinds are kept.
+    kinds are kept. ``pick``: how an instance's time is taken over ranks (fsdp's own
+    collectives: the mean, :func:`_fsdp_inrun`).
     """
     if not per_rank or len({len(c) for c in per_rank}) != 1:
         return []
@@ -221,7 +222,7 @@ def merge_inrun(per_rank: list[list[tuple]], world: int) -> list[dict]:
         kind, nbytes, n = inst[0][:3]
         if n != world or kind not in KINDS_FITTED:
             continue
-        groups.setdefault((kind, nbytes), []).append(min(d for *_, d in inst))
+        groups.setdefault((kind, nbytes), []).append(pick([d for *_, d in inst]))
     return [{"kind": k, "bytes": int(b), "time_s": statistics.fmean(ts), "workload": True, "in_run": True,
              "count": len(ts)} for (k, b), ts in sorted(groups.items())]
 
@@ -305,8 +306,7 @@ def calibrate_rank(scenario, denv, *, backend: str, timeout_s: float, sizes, rep
         compute_cv_per_rank=[m["compute"]["cv"] for m in every],
         step_seconds_per_rank=[m["compute"]["step_seconds"] for m in every],
         op_flops=every[0]["compute"]["op_flops"],
-        # fsdp: the program's collectives run inside its Compute op; FSDP2's own, timed by pieces
-        inrun_collectives=merge_inrun([(m["step"] or m["compute"])["comms"] for m in every], world),
+        inrun_collectives=_inrun(every, world),
         flops_per_step=every[0]["compute"]["flops_per_step"],
         compute_ops_per_step=every[0]["compute"]["ops_per_step"],
         flops_per_step_per_rank=[m["compute"]["flops_per_step"] for m in every],
@@ -320,6 +320,18 @@ def calibrate_rank(scenario, denv, *, backend: str, timeout_s: float, sizes, rep
         **_fsdp_fields([m["fsdp"] for m in every]),
         fsdp_step=_fsdp_step(scenario, world, every),
     )
+
+
+def _inrun(every: list, world: int) -> list[dict]:
+    """The in-run collective rows: the program's own (:func:`merge_inrun`, the last
+    arriver's time). fsdp: its collectives run inside its Compute op, so FSDP2's own, timed
+    by pieces, at the mean over ranks: a CPU rank waits for each of a step's 10-15
+    collectives, and what it waits for there (its peers' share of the cores, their
+    segment of the step being longer this time) is not the step-to-step spread that the
+    device's jitter describes; the simulator charges it as part of the collective."""
+    if all(m["step"] is not None for m in every):
+        return merge_inrun([m["step"]["comms"] for m in every], world, pick=statistics.fmean)
+    return merge_inrun([m["compute"]["comms"] for m in every], world)
 
 
 def _fsdp_step(scenario, world: int, every: list) -> dict | None:

@@ -1,6 +1,7 @@
 """The calibration's model of a busy run: compute jitter (pooled step spread -> per-op cv)
 and the in-run scaling of the fabric fit. Pure math and op bookkeeping; no process group."""
 import math
+import statistics
 
 import numpy as np
 import pytest
@@ -74,6 +75,10 @@ def test_merge_inrun_takes_the_last_arrival_and_averages_instances():
     assert merge_inrun([r0, [r1[1], r1[0], r1[2]]], 2) == []
     assert merge_inrun([[("AllReduce", 400, 2, 0.1)], [("AllReduce", 400, 2, 0.1)]], 4) == []
     assert merge_inrun([[("Send", 400, 2, 0.1)], [("Recv", 400, 2, 0.1)]], 2) == []
+    # fsdp's own collectives: each instance as the ranks see it on average, waits included
+    mean = {(r["kind"], r["bytes"]): r["time_s"] for r in merge_inrun([r0, r1], 2, pick=statistics.fmean)}
+    assert mean["AllReduce", 400] == pytest.approx((0.0065 + 0.0055) / 2)
+    assert mean["AllGather", 800] == pytest.approx(0.0035)
 
 
 def test_oplog_notes_compute_flops_and_collective_sizes_per_step():
