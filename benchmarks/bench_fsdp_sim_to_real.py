@@ -5,16 +5,16 @@ on this machine, beside real gloo runs of ``scenarios/cpu-fsdp.yaml`` (torch's F
     OMP_NUM_THREADS=1 python benchmarks/bench_fsdp_sim_to_real.py --ranks 2 --repeats 1 --markdown
 
 The predict-then-measure chain of ``bench_sim_to_real.py``, per world size and repeat:
-``python -m oresearcher.calibrate --set training.strategy=ddp`` (the same model and
-per-rank batch, every rank busy), right away the real run
-(``python -m oresearcher.run --backend=gloo``), then the simulator on the identical
-scenario pointed at that profile. Why ddp: the real fsdp program runs forward and backward
-in one Compute op with FSDP's collectives inside, so calibrating it would fold the
-communication into the compute rate; ddp keeps its Computes and its all-reduces apart,
-and its all-reduce, like FSDP2's collectives on CPU, blocks a rank between two computes,
-so its in-run factor (what a busy shared host does to a collective; calibrate's module
-docstring) applies to them. ``--calibrate-with single`` calibrates with no collective in
-the run (the idle sweep's fit alone). On gloo the profile says ``streams: false`` (FSDP2
+``python -m oresearcher.calibrate`` on the scenario itself (its own launch, every rank
+busy), right away the real run (``python -m oresearcher.run --backend=gloo``), then the
+simulator on the identical scenario pointed at that profile. On an fsdp scenario
+calibrate times the program's own step by pieces (``backends/calibration_fsdp_inrun.py``):
+FSDP2's collectives (the in-run factor is fitted to them), its copies, the optimizer and
+the passes, and scales the microbenchmarks' constants to that step.
+``--calibrate-with ddp`` calibrates the ddp program of the same model and per-rank batch
+instead (the chain before that measurement: the passes' rate from ddp's FLOP ops, the
+in-run factor from ddp's gradient buckets, the host costs at the microbenchmarks' level);
+``--calibrate-with single`` runs no collective in the program (the idle sweep's fit alone). On gloo the profile says ``streams: false`` (FSDP2
 waits for every all-gather and reduce-scatter on CPU ranks) and ``reduce_scatter:
 all_reduce`` (gloo all-reduces the whole input): sim/hardware.py. Medians over repeats;
 "run spread" is (max - min) / median of the real runs. Exit 1 if any step-time error is
@@ -146,8 +146,9 @@ def main(argv=None) -> int:
     ap.add_argument("--ranks", type=int, nargs="+", default=[2, 4], help="world sizes (default 2 4)")
     ap.add_argument("--repeats", type=int, default=3, help="calibrate+run pairs per world size (default 3)")
     ap.add_argument("--steps", type=int, default=20, help="steps of each real run and prediction (default 20)")
-    ap.add_argument("--calibrate-with", default="ddp", metavar="STRATEGY",
-                    help="program calibrate runs (default ddp; single: no collectives, so no in-run factor)")
+    ap.add_argument("--calibrate-with", default="fsdp", metavar="STRATEGY",
+                    help="program calibrate runs (default fsdp, the scenario's own; ddp: the same model's ddp program; "
+                         "single: no collectives, so no in-run factor)")
     ap.add_argument("--zero2", action="store_true", help="reshard_after_forward false (ZeRO-2) instead of ZeRO-3")
     ap.add_argument("--no-breakdown", action="store_true", help="skip the op-by-op profiled run")
     ap.add_argument("--markdown", action="store_true", help="also print the table as markdown")
