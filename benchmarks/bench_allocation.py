@@ -43,7 +43,12 @@ The op table (benchmarks/alloc_ops.py) splits it on each round's critical rank. 
 time: on a CPU rank the CPU time of the agent's steps (the device is the core;
 oresearcher/programs/cooperative_hosted.py, SliceClock), beside the slices' wall time
 and the steady time (median step x steps); and the CPU time of one step in a process
-alone against four at once (what sharing the cores does to the same work).
+alone against four at once (what sharing the cores does to the same work). The
+scheduler meters that device time (oresearcher/cooperation/scheduler.py, ``settle``):
+from round 2 it hands out seconds, so the units each agent runs move away from its
+shares by what its steps really cost (printed), and the seconds the credit clamp
+forgave or forfeited after round 1 are printed beside it (0 unless a burst exceeded a
+round's target).
 """
 from __future__ import annotations
 
@@ -131,6 +136,24 @@ def repeat(tmp: Path, docs: list, flags: list, unit_flops: float) -> dict:
             "meas_ops": alloc_ops.mean_ms(alloc_ops.critical_rounds(tmp / "gloo"))}
 
 
+def units_vs_shares(report, skip_rounds: int = 1) -> list:
+    """Per agent: its fraction of the units run over its fraction of the shares, less 1
+    (rounds after ``skip_rounds``)."""
+    m = report["metrics"]["0"][skip_rounds:]
+    n = sum(1 for key in m[0] if key.startswith("share."))
+    units = [sum(x[f"units.{a}"] for x in m) for a in range(n)]
+    shares = [sum(x[f"share.{a}"] for x in m) for a in range(n)]
+    return [(u / sum(units)) / (s / sum(shares)) - 1 for u, s in zip(units, shares)]
+
+
+def clamped_ms(report) -> list:
+    """Per agent: ms the credit clamp dropped after round 1 (round 1's own deviation is
+    dropped by design: it was planned in units)."""
+    m = report["metrics"]["0"]
+    n = sum(1 for key in m[0] if key.startswith("dropped."))
+    return [1e3 * (m[-1][f"dropped.{a}"] - m[0][f"dropped.{a}"]) for a in range(n)]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--set", action="append", default=[], help="scenario override FIELD=VALUE (repeatable)")
@@ -191,6 +214,12 @@ def main(argv=None) -> int:
               + (f"  (each run: {each})" if len(reps) > 1 else ""))
     given = device_time_vs_shares(reps[0]["sim"], skip_rounds=0)[1]
     print("shares over the run:", " ".join(f"{g:.3f}" for g in given))
+    moved = [units_vs_shares(r["real"]) for r in reps]
+    print("gloo units run / shares - 1 (metering moves steps to match seconds), averaged over the runs:",
+          " ".join(f"{statistics.fmean(x[a] for x in moved):+.1%}" for a in range(len(moved[0]))))
+    drop = [clamped_ms(r["real"]) for r in reps]
+    print("credit clamp after round 1, ms per agent (each run):",
+          "; ".join(" ".join(f"{d:+.2f}" for d in x) for x in drop))
     alone, shared = alloc_ops.contention(sc.world_size)
     print(f"CPU time of one agent step (median): {alone * 1e3:.3f} ms in a process alone, "
           f"{statistics.fmean(shared) * 1e3:.3f} ms with {sc.world_size} at once\n"

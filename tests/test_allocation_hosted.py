@@ -2,7 +2,9 @@
 hosted program that carries it out in the simulator (oresearcher.programs.cooperative_hosted)."""
 from __future__ import annotations
 
+import copy
 import math
+import statistics
 from pathlib import Path
 
 import pytest
@@ -180,3 +182,163 @@ def test_a_profile_without_a_host_link_is_one_line_and_exit_2(tmp_path):
     p = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and "Traceback" not in p.stderr
     assert "'no-link' has no host_link_GBps" in p.stderr and len(p.stderr.strip().splitlines()) == 1
+
+
+# --- metered device time (Scheduler.settle): the plan in seconds once measured ---------
+
+def _metered_run(sch, rounds, units, costs, per_unit, factor, rewards=None):
+    """Drive ``sch`` for ``rounds`` rounds with a fake meter: a step of agent a costs
+    ``cost * per_unit[a]`` seconds in the first (unmetered) round and the plan's own
+    estimate after, each times ``factor(a)``. Yields (plan, seconds, targets in seconds)."""
+    n = sch.n_agents
+    for r in range(rounds):
+        plan = sch.plan(rewards[r] if rewards else [0.0] * n, units, costs)
+        secs = []
+        for a in range(n):
+            step = plan.step_s[a] if plan.metered else costs[a] * per_unit[a]
+            secs.append(sum(step * factor(a) for _ in range(plan.steps[a])))
+        tgt = sch.settle(secs, [s * c for s, c in zip(plan.steps, costs)])
+        yield plan, secs, tgt
+
+
+@settings(max_examples=150, deadline=None)
+@given(n_dev=st.integers(1, 4), k=st.integers(1, 3), data=st.data())
+def test_metered_used_seconds_track_targets(n_dev, k, data):
+    """A fake meter whose steps cost the plan's estimate times a random factor in
+    [0.7, 1.3] (each step its own: shared cores do that to CPU time). After every round,
+    for every agent: given - used == credit + dropped exactly; the credit stays within the
+    clamp (that round's target + one step); and metered rounds drop nothing, so the
+    seconds used over the metered rounds trail the seconds handed out by at most one
+    round's target plus one step. Targets buy at least a step (floor >= 0.5 and
+    units_per_device >= 3 k x the largest cost); each round's targets sum to the round's
+    seconds, M x units_per_device x the median estimate."""
+    n = n_dev * k
+    costs = data.draw(st.lists(st.integers(1, 3), min_size=n, max_size=n))
+    units = data.draw(st.integers(3 * k * max(costs), 60))
+    per_unit = data.draw(st.lists(st.floats(0.5e-3, 2e-3), min_size=n, max_size=n))
+    rounds = data.draw(st.integers(2, 12))
+    rewards = data.draw(st.lists(st.lists(st.floats(0.0, 1.0), min_size=n, max_size=n),
+                                 min_size=rounds, max_size=rounds))
+    sch = S.Scheduler(n, n_dev, temperature=data.draw(st.floats(0.01, 5.0)), floor=data.draw(st.floats(0.5, 1.0)))
+    factor = lambda a: data.draw(st.floats(0.7, 1.3))  # noqa: E731
+    first_dropped = given0 = used0 = None
+    for plan, secs, tgt in _metered_run(sch, rounds, units, costs, per_unit, factor, rewards):
+        step = plan.step_s if plan.metered else [c * e for c, e in zip(costs, sch.unit_s)]
+        if plan.metered:
+            med = statistics.median(s / c for s, c in zip(plan.step_s, costs))
+            assert math.isclose(sum(tgt), n_dev * units * med, rel_tol=1e-9)
+        for a in range(n):
+            assert sch.given[a] - sch.used[a] == pytest.approx(sch.credit[a] + sch.dropped[a], abs=1e-12)
+            assert abs(sch.credit[a]) <= tgt[a] + step[a] + 1e-12
+        if first_dropped is None:  # the round planned in units: its deviation is dropped by design
+            first_dropped, given0, used0, carried = (list(sch.dropped), list(sch.given), list(sch.used),
+                                                     list(sch.credit))
+            med = statistics.median(sch.unit_s)  # its rounding remainder: under a step at the median rate
+            assert all(0 <= c < k * med + 1e-12 for c, k in zip(carried, costs))
+    assert sch.dropped == pytest.approx(first_dropped, abs=1e-12)
+    for a in range(n):  # metered rounds: seconds handed out - seconds used = what the credit moved
+        lag = (sch.given[a] - given0[a]) - (sch.used[a] - used0[a])
+        assert lag == pytest.approx(sch.credit[a] - carried[a], abs=1e-12)
+        assert abs(lag) <= tgt[a] + step[a] + carried[a] + 1e-12
+
+
+def test_metered_rounds_by_hand():
+    """Two agents on one device, equal shares, 10 units a round (binary-exact seconds).
+    Round 1 (units): 5 steps each; measured 0.625 s and 1.25 s (0.125 and 0.25 s a unit).
+    Median 0.1875 s a unit: round 1 handed out 5 x 0.1875 = 0.9375 s each; its deviation
+    (+0.3125, -0.3125) is dropped, its remainder (0) carried.
+    Round 2: 10 x 0.1875 = 1.875 s, 0.9375 each: 0.9375 / 0.125 = 7.5 -> 7 steps,
+    0.9375 / 0.25 = 3.75 -> 3 steps. Agent 1's steps cost 0.3125 s (25% over): used
+    0.875 and 0.9375, credit 0.0625 and 0.
+    Round 3: median (0.125 + 0.3125) / 2 = 0.21875, 1.09375 s each: (1.09375 + 0.0625)
+    / 0.125 = 9.25 -> 9 steps, 1.09375 / 0.3125 = 3.5 -> 3. A burst: agent 1's 3 steps
+    take 3 s: credit 1.09375 - 3 = -1.90625, clamped to -(1.09375 + 0.3125) = -1.40625,
+    0.5 s forgiven.
+    Round 4: its own estimate is now 1 s a unit, the median 0.5625, 5.625 s, 2.8125 each:
+    agent 1 has 2.8125 - 1.40625 = 1.40625 s, a step costs 1 s: 1 step."""
+    sch = S.Scheduler(2, 1, enabled=False)
+    p1 = sch.plan([0.0, 0.0], 10, [1, 1])
+    assert p1.steps == [5, 5] and not p1.metered
+    assert sch.settle([0.625, 1.25], [5, 5]) == [0.9375, 0.9375]
+    assert sch.credit == [0.0, 0.0] and sch.dropped == [0.3125, -0.3125]
+    assert sch.given == [0.9375, 0.9375] and sch.used == [0.625, 1.25]
+    p2 = sch.plan([0.0, 0.0], 10, [1, 1])
+    assert p2.metered and p2.target == [0.9375, 0.9375] and p2.step_s == [0.125, 0.25] and p2.steps == [7, 3]
+    assert p2.device_units == [10.0]
+    assert sch.settle([7 * 0.125, 3 * 0.3125], [7, 3]) == [0.9375, 0.9375]
+    assert sch.credit == [0.0625, 0.0] and sch.used == [1.5, 2.1875] and sch.given == [1.875, 1.875]
+    assert sch.unit_s == [0.125, 0.3125]
+    p3 = sch.plan([0.0, 0.0], 10, [1, 1])
+    assert p3.target == [1.09375, 1.09375] and p3.steps == [9, 3]
+    sch.settle([9 * 0.125, 3.0], [9, 3])
+    assert sch.credit == [0.0625 + 1.09375 - 1.125, -1.40625] and sch.dropped == [0.3125, -0.8125]
+    p4 = sch.plan([0.0, 0.0], 10, [1, 1])
+    assert p4.target == [2.8125, 2.8125] and p4.step_s[1] == 1.0 and p4.steps[1] == 1
+    for a in range(2):
+        assert sch.given[a] - sch.used[a] == sch.credit[a] + sch.dropped[a]
+
+
+def test_metering_corrects_a_step_plan_error():
+    """Equal shares, 4 agents on 2 devices; agent 1's steps cost 30% more than the
+    others' (1.3 ms against 1 ms). In units it would run as many steps, 30% more device
+    time; metered, it gets fewer steps from round 2 on and its seconds track its share."""
+    sch = S.Scheduler(4, 2, enabled=False)
+    per_step = [1e-3, 1.3e-3, 1e-3, 1e-3]
+    run = list(_metered_run(sch, 20, 10, [1] * 4, per_step, lambda a: per_step[a] / (
+        sch.unit_s[a] if sch.unit_s else per_step[a])))
+    assert run[0][0].steps == [5, 5, 5, 5]  # round 1: units, as before
+    assert run[1][0].steps == [5, 3, 5, 5]  # 5 ms / 1.3 ms = 3.8 -> 3
+    assert all(p.steps[1] < p.steps[0] for p, _, _ in run[1:])
+    metered_units = [sum(p.steps[a] for p, _, _ in run[1:]) for a in range(4)]
+    assert metered_units[1] / metered_units[0] == pytest.approx(1 / 1.3, abs=0.02)
+    used = [sum(s[a] for _, s, _ in run[1:]) for a in range(4)]
+    given_s = [sum(t[a] for _, _, t in run[1:]) for a in range(4)]
+    for a in range(4):  # within one step of the round's carried remainder and the last credit
+        assert abs(used[a] - given_s[a]) <= 2 * per_step[a] + 1e-12, (a, used, given_s)
+    assert sch.dropped[1] == pytest.approx(-5 * 0.3e-3)  # round 1's overrun: not the schedule's to repay
+
+
+def test_metered_state_round_trips_and_refuses_an_unsettled_round():
+    sch = S.Scheduler(4, 2, temperature=0.05)
+    for rewards, secs in (([0.1] * 4, [0.01, 0.012, 0.011, 0.009]), ([0.2, 0.1, 0.3, 0.1], [0.02, 0.01, 0.03, 0.01])):
+        plan = sch.plan(rewards, 10, [1] * 4)
+        sch.settle(secs, [s for s in plan.steps])
+    twin = S.Scheduler(4, 2)
+    twin.load_state_dict(copy.deepcopy(sch.state_dict()))
+    a, b = sch.plan([0.3, 0.2, 0.1, 0.1], 10, [1] * 4), twin.plan([0.3, 0.2, 0.1, 0.1], 10, [1] * 4)
+    assert a == b and a.metered
+    with pytest.raises(RuntimeError, match="settle"):
+        sch.plan([0.3] * 4, 10, [1] * 4)
+    with pytest.raises(ValueError):
+        sch.settle([0.01] * 3, [1] * 3)
+
+
+def test_sim_reports_the_metered_books():
+    """Numeric mode meters: targets are reported in seconds from the first round on, and
+    each agent's seconds handed out minus its seconds used over the run equal its credit
+    plus what was dropped, from the report alone (as a gloo run's can be checked)."""
+    report = _sim(None)
+    rows = report["metrics"]
+    first = rows["0"]
+    assert all(m["target_in_seconds"] == 1.0 for m in first)
+    for per_rank in rows.values():
+        for a in {int(key.split(".")[1]) for key in per_rank[0] if key.startswith("device_s.")}:
+            given_s = sum(m[f"target.{a}"] for m in first)
+            used = sum(m[f"device_s.{a}"] for m in per_rank)
+            books = per_rank[-1][f"credit.{a}"] + per_rank[-1][f"dropped.{a}"]
+            assert given_s - used == pytest.approx(books, rel=1e-9, abs=1e-12), a
+            assert abs(per_rank[-1][f"dropped.{a}"]) < 1e-9  # simulated steps cost what they were planned to
+
+
+def test_sim_shape_mode_plans_in_units():
+    """Shape mode: no values travel, nothing is measured, the plan stays in units (as
+    before metering): every round hands out M x k x interval units, equal shares."""
+    from sim.simulate import simulate
+
+    sets = ["simulation.mode=shape", "workload.task=synthetic-lm", "workload.model=gpt-tiny", "workload.seq_len=64"]
+    sc = load_scenario(REPO / "scenarios" / "alloc-8on4.yaml", sets)
+    report, _ = simulate(sc)
+    for m in report["metrics"]["0"]:
+        assert m["target_in_seconds"] == 0.0
+        assert sum(m[f"target.{a}"] for a in range(8)) == pytest.approx(4 * 2 * 20)
+        assert [m[f"units.{a}"] for a in range(8)] == [20.0] * 8

@@ -10,7 +10,10 @@ k agents, N = k * M in all (:mod:`oresearcher.cooperation.scheduler`). A round:
 2. One AllGather of the agents' flat parameters and of every agent's (mean training
    loss, device seconds used) (:func:`pack_round`): every rank then computes the same allocation rewards
    (1 / (1 + loss): one fixed weighting for every round), the same fused parameters
-   (plain average of the healthy agents) and the same next plan.
+   (plain average of the healthy agents) and the same next plan. The gathered device
+   seconds go back to the scheduler (:meth:`Scheduler.settle`), which from the second
+   round on plans in seconds: what a step really cost is metered, not assumed from its
+   units. In shape mode (no values travel) the plan stays in units.
 
 Device time, per agent and round (:class:`SliceClock`): in the simulator the simulated
 seconds of its slice; on a CUDA rank the time between CUDA events around its steps; on a
@@ -219,8 +222,11 @@ def hosted_program(ctx, learner):
         payload = yield Compute(pack_round, agents, stats, name="pack")
         got = yield AllGather(payload, name="round_gather")
         metrics = {"round": rnd}
+        target, secs = plan.target, None  # units; seconds once the scheduler meters (numeric: figures travel)
         if numeric:
             every, rows = unpack_round(got, k)  # [n, numel], [n, 2], agent order
+            secs = sched.settle(rows[:, 1].tolist(), [plan.steps[a] * costs[a] for a in range(n)])
+            target = plan.target if secs is None else secs
             loss = rows[:, 0]
             rewards = [1.0 / (1.0 + float(x)) if math.isfinite(float(x)) else float("nan") for x in loss]
             ok = torch.isfinite(every).all(1) & torch.isfinite(loss)
@@ -234,13 +240,17 @@ def hosted_program(ctx, learner):
                 metrics[f"wall_s.{a}"] = float(wall[i])
                 metrics[f"steady_s.{a}"] = float(steady[i])  # median step x steps: a neighbour's stall left out
             metrics.update({f"loss.{a}": float(loss[a]) for a in range(n)})
+            if secs is not None:  # the deficit round robin's books after this round (seconds)
+                metrics.update({f"credit.{a}": float(sched.credit[a]) for a in range(n)})
+                metrics.update({f"dropped.{a}": float(sched.dropped[a]) for a in range(n)})
         else:
             rewards = [0.0] * n
         for a in range(n):
             metrics[f"share.{a}"] = float(plan.shares[a])
             metrics[f"units.{a}"] = float(plan.steps[a] * costs[a])
-            metrics[f"target.{a}"] = float(plan.target[a])
+            metrics[f"target.{a}"] = float(target[a])
         metrics["round_units"] = float(max(plan.device_units))
+        metrics["target_in_seconds"] = float(secs is not None)
         if rnd + 1 < len(rounds):
             plan = sched.plan(rewards, k * rounds[rnd + 1], costs)
         yield StepDone(sum(rounds[:rnd + 1]) - 1, metrics)
@@ -251,7 +261,8 @@ def hosted_program(ctx, learner):
 
 def device_time_vs_shares(report: dict, skip_rounds: int = 1, burst: float | None = None, key: str = "device_s"):
     """From a report of a hosted run: per agent, the fraction of all device time it used
-    and the fraction it was handed, over the rounds after the first ``skip_rounds`` (the
+    and the fraction it was handed (``target.{a}``: seconds once metered, see
+    ``target_in_seconds``), over the rounds after the first ``skip_rounds`` (the
     first round's steps include warm-up: lazy allocations, first calls); and the fraction
     of slices capped. ``burst``: a slice whose time per unit exceeds ``burst`` x its rank's
     median counts at that cap (on a shared host a neighbour's burst, not the schedule).
