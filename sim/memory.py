@@ -169,6 +169,7 @@ class FsdpMemory:
     total: int
     device_memory_bytes: int
     fits: bool
+    sam_saved: int = 0  # a SAM agent's copy of its rank's shard, held through its step
 
     @property
     def sharded_states(self) -> int:
@@ -178,7 +179,7 @@ class FsdpMemory:
 def estimate_fsdp_memory(*, params: int, root_params: int, block_params: int, blocks: int,
                          shard_size: int, compute_dtype: str, reduce_fp32: bool, optimizer: str,
                          reshard_after_forward: bool, activation_bytes: int,
-                         device_memory_bytes: int) -> FsdpMemory:
+                         device_memory_bytes: int, sam: bool = False) -> FsdpMemory:
     """Per-GPU memory of FSDP2 training (torch's ``fully_shard`` per block, root = the rest).
 
     - sharded states: FSDP2 keeps the sharded parameters in fp32 (the mixed-precision
@@ -193,6 +194,9 @@ def estimate_fsdp_memory(*, params: int, root_params: int, block_params: int, bl
       first and reduced last), the block in backward and the block whose reduce-scatter
       is in flight.
     - activations: as measured for DDP (the same saved tensors).
+    - ``sam`` (a sharded agent whose role may take SAM steps): the rank's fp32 shard saved
+      before the ascent and restored after it (oresearcher/cooperation/sharded_roles.py),
+      4 bytes/param / S, held through the second forward and backward.
 
     Peaks of the parts are added, so the total is an upper bound by at most the smaller
     transient. Not modelled: the all-gather/reduce-scatter output copies of a single
@@ -208,7 +212,7 @@ def estimate_fsdp_memory(*, params: int, root_params: int, block_params: int, bl
     parts = dict(sharded_params=4 * shard, sharded_grads=4 * shard, optimizer_state=opt * shard,
                  gathered_params=p * (root_params + held_blocks * block_params),
                  grad_buffers=r * (root_params + min(2, blocks) * block_params),
-                 activations=int(activation_bytes))
+                 activations=int(activation_bytes), sam_saved=4 * shard if sam else 0)
     total = sum(parts.values())
     return FsdpMemory(**parts, total=total, device_memory_bytes=int(device_memory_bytes),
                       fits=total <= device_memory_bytes)

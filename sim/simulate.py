@@ -86,13 +86,24 @@ def fsdp_memory_report(scenario: Scenario, cost, device) -> dict:
         reduce_fp32=scenario.fsdp.reduce_dtype == "fp32", optimizer=w.optimizer,
         reshard_after_forward=scenario.fsdp.reshard_after_forward,
         activation_bytes=cost.saved_activation_bytes(w.activation_checkpointing),
-        device_memory_bytes=int(device.memory_bytes))
+        device_memory_bytes=int(device.memory_bytes), sam=_sam_agents(scenario))
     parts = {k: getattr(est, k) for k in ("sharded_params", "sharded_grads", "optimizer_state", "gathered_params",
                                           "grad_buffers", "activations", "total", "fits")}
-    return {**parts, "weights": est.sharded_params + est.gathered_params,
+    return {**parts, "weights": est.sharded_params + est.gathered_params + est.sam_saved,
             "grads": est.sharded_grads + est.grad_buffers, "codec_buffers": 0,
             "advice": "" if est.fits else "does not fit even sharded: enable activation checkpointing, "
                       "a smaller micro batch or a larger shard group"}
+
+
+def _sam_agents(scenario: Scenario) -> bool:
+    """Whether some sharded agent's rank can hold a SAM copy of its shard: an optimizer
+    among the roles, or dynamic roles that may make one (the peak rank's memory)."""
+    from oresearcher.cooperation.sharded_roles import agent_roles
+
+    roles, spec = agent_roles(scenario), scenario.cooperation.roles
+    if roles is None or spec.optimizer_method != "sam":
+        return False
+    return "optimizer" in roles or spec.policy == "dynamic"
 
 
 def compute_pricing(scenario: Scenario, device):

@@ -213,3 +213,24 @@ def test_cpu_fsdp_scenario_exposes_all_its_communication():
     wire = {b["name"]: b["wire_bytes"] / (4 * 2) for b in report["breakdown"]}  # per rank and step
     assert wire["fsdp_reduce_scatter"] == pytest.approx(2 * 3 / 4 * sum(units))  # ring all-reduce of each unit
     assert wire["fsdp_all_gather"] == pytest.approx(3 / 4 * (sum(units) + sum(units[1:-1])))  # + 3 re-gathers
+
+
+def test_sam_copy_of_the_shard_by_hand():
+    # a SAM agent saves its rank's fp32 shard before the ascent: 1e9 params / 8 ranks x 4 bytes
+    m, sam = _memory(), _memory(sam=True)
+    assert sam.sam_saved == 4 * GB // 8 and m.sam_saved == 0
+    assert sam.total == m.total + GB // 2
+
+
+def test_sharded_agents_report_the_sam_copy():
+    from oresearcher.scenario import load_scenario
+    from oresearcher.sim.simulate import build_cluster, memory_report
+
+    path = "scenarios/cpu-fsdp-agents.yaml"
+    sc = load_scenario(path)
+    assert sc.cooperation.roles.optimizer_method == "sam" and sc.agents.roles.optimizer > 0
+    device, _ = build_cluster(sc)
+    with_sam = memory_report(sc, device)
+    plain = memory_report(load_scenario(path, ["agents.roles={explorer: 2, optimizer: 0, validator: 0}"]), device)
+    # the SAM copy is the rank's fp32 shard again: as large as its sharded parameters
+    assert with_sam["total"] - plain["total"] == with_sam["sharded_params"] > 0
