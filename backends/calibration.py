@@ -201,7 +201,7 @@ def _passes(tl: Timeline, oplog: _OpLog, warmup: int) -> dict:
     return {"pass_s": sum(d for _, d in kept) / steps, "pass_ops": len(kept) / steps}
 
 
-def merge_inrun(per_rank: list[list[tuple]], world: int, pick=min) -> list[dict]:
+def merge_inrun(per_rank: list[list[tuple]], world: int, pick=min, subgroups: bool = False) -> list[dict]:
     """Rows {kind, bytes, time_s, workload, in_run} from every rank's in-run collectives.
 
     Every rank issues the same collectives in the same order (else nothing is merged).
@@ -210,7 +210,10 @@ def merge_inrun(per_rank: list[list[tuple]], world: int, pick=min) -> list[dict]
     others' extra is peer waiting, which the simulator models separately). Instances of
     one kind and size are averaged. Only world-group collectives of the ring model's
     kinds are kept. ``pick``: how an instance's time is taken over ranks (fsdp's own
-    collectives: the mean, :func:`_fsdp_inrun`).
+    collectives: the mean, :func:`_inrun`); ``subgroups``: keep collectives of groups
+    smaller than the world too, each row with its group's size (``ranks``); the same
+    instance index on ranks of different groups is then a different collective of the
+    same kind and size (fsdp shard groups), which only a mean over ranks may merge.
     """
     if not per_rank or len({len(c) for c in per_rank}) != 1:
         return []
@@ -220,11 +223,11 @@ def merge_inrun(per_rank: list[list[tuple]], world: int, pick=min) -> list[dict]
         if len(kinds) != 1:
             return []
         kind, nbytes, n = inst[0][:3]
-        if n != world or kind not in KINDS_FITTED:
+        if (n != world and not subgroups) or n < 2 or kind not in KINDS_FITTED:
             continue
-        groups.setdefault((kind, nbytes), []).append(pick([d for *_, d in inst]))
+        groups.setdefault((kind, nbytes, n), []).append(pick([d for *_, d in inst]))
     return [{"kind": k, "bytes": int(b), "time_s": statistics.fmean(ts), "workload": True, "in_run": True,
-             "count": len(ts)} for (k, b), ts in sorted(groups.items())]
+             "count": len(ts), **({"ranks": n} if n != world else {})} for (k, b, n), ts in sorted(groups.items())]
 
 
 def steps_per_report(scenario) -> int:
@@ -325,13 +328,15 @@ def calibrate_rank(scenario, denv, *, backend: str, timeout_s: float, sizes, rep
 def _inrun(every: list, world: int) -> list[dict]:
     """The in-run collective rows: the program's own (:func:`merge_inrun`, the last
     arriver's time). fsdp: its collectives run inside its Compute op, so FSDP2's own, timed
-    by pieces, at the mean over ranks: a CPU rank waits for each of a step's 10-15
+    by pieces (beside the program's own, such as a fusion round's), at the mean over
+    ranks, shard groups smaller than the world included: a CPU rank waits for each of a step's 10-15
     collectives, and what it waits for there (its peers' share of the cores, their
     segment of the step being longer this time) is not the step-to-step spread that the
     device's jitter describes; the simulator charges it as part of the collective."""
+    rows = merge_inrun([m["compute"]["comms"] for m in every], world)
     if all(m["step"] is not None for m in every):
-        return merge_inrun([m["step"]["comms"] for m in every], world, pick=statistics.fmean)
-    return merge_inrun([m["compute"]["comms"] for m in every], world)
+        rows += merge_inrun([m["step"]["comms"] for m in every], world, pick=statistics.fmean, subgroups=True)
+    return rows
 
 
 def _fsdp_step(scenario, world: int, every: list) -> dict | None:

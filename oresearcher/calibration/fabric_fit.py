@@ -59,7 +59,8 @@ def scaled(fit: FabricFit, factor: float) -> FabricFit:
 def inrun_factor(rows, n: int, fit: FabricFit) -> float:
     """How much slower the program's own collectives ran, with every rank busy, than
     ``fit`` (from the idle sweep) predicts: the geometric mean of measured / predicted
-    over the in-run instances (rows {kind, bytes, time_s, count}). 1 when there are none.
+    over the in-run instances (rows {kind, bytes, time_s, count}, and ``ranks`` where the
+    collective's group is smaller than ``n``). 1 when there are none.
 
     One factor for every term keeps the sweep's shape (latency vs bandwidth, per hop vs
     per call) and moves the level to where the scenario communicates: on a shared CPU
@@ -68,7 +69,7 @@ def inrun_factor(rows, n: int, fit: FabricFit) -> float:
     """
     logs, weights = [], []
     for r in rows:
-        pred = fit.predict(r["kind"], r["bytes"], n)
+        pred = fit.predict(r["kind"], r["bytes"], r.get("ranks", n))
         if pred > 0 and r["time_s"] > 0:
             logs.append(np.log(r["time_s"] / pred))
             weights.append(float(r.get("count", 1)))
@@ -78,6 +79,6 @@ def fit_errors(rows, n: int, fit: FabricFit) -> list[dict]:
     """Each row with the fitted prediction and its relative error."""
     out = []
     for r in rows:
-        p = fit.predict(r["kind"], r["bytes"], n)
+        p = fit.predict(r["kind"], r["bytes"], r.get("ranks", n))
         out.append({**r, "predicted_s": p, "error": (p - r["time_s"]) / r["time_s"]})
     return out

@@ -215,7 +215,7 @@ def profile_text(device: dict, fabric: dict, m: Measurement, errors: list[dict])
     for e in errors:
         kind = e["kind"] + ("**" if e.get("in_run") else "*" if e.get("workload") else "")
         lines.append(f"#   {kind:<10} {e['bytes']:>10} {e['time_s'] / US:>11.1f} {e['predicted_s'] / US:>11.1f} "
-                     f"{e['error']:+7.1%}")
+                     f"{e['error']:+7.1%}" + (f"  (a group of {e['ranks']} ranks)" if e.get("ranks") else ""))
     docs = [device, fabric]
     if m.roofline:
         docs.append(roofline_doc(device, m.roofline))

@@ -79,6 +79,13 @@ def test_merge_inrun_takes_the_last_arrival_and_averages_instances():
     mean = {(r["kind"], r["bytes"]): r["time_s"] for r in merge_inrun([r0, r1], 2, pick=statistics.fmean)}
     assert mean["AllReduce", 400] == pytest.approx((0.0065 + 0.0055) / 2)
     assert mean["AllGather", 800] == pytest.approx(0.0035)
+    # shard groups of 2 in a world of 4: kept only when asked, each row with its group's size
+    quad = [[("AllGather", 800, 2, 0.002)], [("AllGather", 800, 2, 0.004)], [("AllGather", 800, 2, 0.006)],
+            [("AllGather", 800, 2, 0.008)]]
+    assert merge_inrun(quad, 4, pick=statistics.fmean) == []
+    (row,) = merge_inrun(quad, 4, pick=statistics.fmean, subgroups=True)
+    assert row["ranks"] == 2 and row["time_s"] == pytest.approx(0.005)
+    assert inrun_factor([row], 4, FIT) == pytest.approx(0.005 / FIT.predict("AllGather", 800, 2))
 
 
 def test_oplog_notes_compute_flops_and_collective_sizes_per_step():
