@@ -1,14 +1,16 @@
 """Hosted agents on gloo: 8 agents on 4 ranks (2 each), device time handed out by
 shares (oresearcher.cooperation.scheduler).
 
-What the schedule hands out is exact: the units each agent ran (whole steps, credit
-carried) match its shares within 5%, and equal the simulator's for the same scenario.
-The device time each agent used is the CPU time of its steps (a CPU rank's device is
-its core; SliceClock), so it never exceeds the slice's wall time. How close it comes to
-the shares is a timing figure (on this 2-core host the same step costs about a quarter
-more CPU time when four ranks share the cores than alone, so it depends on who runs
-beside a slice): benchmarks/bench_allocation.py prints it, this test does not assert it.
-The simulator, with equal devices, meets 5% (tests/test_allocation_hosted.py)."""
+The scheduler meters device time: from the first measured round the plan is in seconds
+and the credit carried is what each agent really used (a CPU rank's device is its core:
+the CPU time of its steps, SliceClock). What a test can hold exactly is the books, from
+the report alone: for every agent the seconds handed out less the seconds used are its
+credit plus what the clamp dropped. The units run are no longer proportional to the
+shares (a step costs more CPU time while four ranks share the 2 cores than alone, and
+the metering gives the agents that run then fewer steps). How close the device time
+comes to the shares is a timing figure: benchmarks/bench_allocation.py prints it, this
+test does not assert it. The simulator, with equal devices, meets 5%
+(tests/test_allocation_hosted.py)."""
 from __future__ import annotations
 
 import json
@@ -41,8 +43,17 @@ def test_gloo_hosted_agents_get_their_shares(tmp_path, child_env):
     assert len(report["metrics"]) == 4
     units, given = units_vs_shares(report)
     assert max(given) > 1.5 * min(given)  # time really moved between agents
-    for a in range(8):
-        assert abs(units[a] - given[a]) <= 0.05 * given[a], (a, units, given)
+    # Metered (scheduler.settle): the seconds handed out, less the seconds used, are the
+    # credit plus what the clamp dropped, exactly, from the report alone; the units run
+    # move away from the shares by what the steps cost, so they are not held to them.
+    first = report["metrics"]["0"]
+    assert all(m["target_in_seconds"] == 1.0 for m in first)
+    for per_rank in report["metrics"].values():
+        for a in {int(key.split(".")[1]) for key in per_rank[0] if key.startswith("device_s.")}:
+            handed = sum(m[f"target.{a}"] for m in first)
+            used = sum(m[f"device_s.{a}"] for m in per_rank)
+            books = per_rank[-1][f"credit.{a}"] + per_rank[-1][f"dropped.{a}"]
+            assert abs(handed - used - books) <= 1e-9 * handed, (a, handed, used, books)
     # The measured device time is a timing figure: it depends on this host's load, so it
     # is printed by benchmarks/bench_allocation.py, not asserted here (it flips under CI
     # load). What a test can hold is that it is measured for every agent.
