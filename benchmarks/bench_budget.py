@@ -3,6 +3,7 @@
     OMP_NUM_THREADS=1 python benchmarks/bench_budget.py                 # all, ~12 min on 2 busy cores
     OMP_NUM_THREADS=1 python benchmarks/bench_budget.py --tasks none     # the cost table alone
     OMP_NUM_THREADS=1 python benchmarks/bench_budget.py --tasks lm --seeds 1
+    OMP_NUM_THREADS=1 python benchmarks/bench_budget.py --tasks lm --lm-steps 768 --rows key --curve  # ~18 min
 
 Cost (shape mode, ``scenarios/8xA100.yaml``, ``--steps`` steps, fusion every 100): the
 gradient shared every 1, 10, 100 or 1000 local steps (``communication.share_every``),
@@ -23,6 +24,15 @@ optimizers (two passes a step: the reference's imbalance):
   (8 x 32 sequences: 4,096 tokens). 48 steps is early in training: "share every 1"
   reaches ~0.84 and sharing once a round ~0.57, so a controller that shared too little
   would show (the chain's ceiling is ~0.9).
+
+``--lm-steps N`` runs synthetic-lm for N steps instead (fusion still every 12: N / 12
+rounds), to measure the final metric where training has converged; ``--rows key`` keeps
+only the two quality rows that matter ("share every 1" and the controller) so a long
+horizon fits in time; ``--curve`` adds, per configuration, the agents' training loss by
+round (mean over agents and seeds; shown every ``--curve-every`` rounds) and the
+controller's decisions (seed 0, rank 0: rung, widening, codec) to see that training has
+flattened and what the controller did. The defaults (48 steps, all rows) are what the
+README blocks hold.
 
 Verdict of every row against "share every 1": the difference of the means, and "within
 noise" when it is at most twice the pooled seed std (sqrt of the mean of the two
@@ -51,18 +61,46 @@ REFERENCE, DIGITS, LM = "scenarios/8xA100.yaml", "scenarios/digits-4.yaml", "sce
 INTERVALS = (1, 10, 100, 1000)
 METHODS = ("swa", "sam")
 LM_STEPS, LM_INTERVAL = 48, 12
-LM_SETS = ["simulation.mode=numeric", "training.strategy=oresearcher", "workload.seq_len=16", "training.lr=0.003",
-           f"training.steps={LM_STEPS}", f"communication.interval={LM_INTERVAL}",
-           "agents.roles={explorer: 1, optimizer: 2, validator: 1}", *COOP]
+
+
+def lm_sets(steps: int = LM_STEPS) -> list[str]:
+    """The synthetic-lm scenario's overrides at ``steps`` steps (fusion every LM_INTERVAL)."""
+    return ["simulation.mode=numeric", "training.strategy=oresearcher", "workload.seq_len=16", "training.lr=0.003",
+            f"training.steps={steps}", f"communication.interval={LM_INTERVAL}",
+            "agents.roles={explorer: 1, optimizer: 2, validator: 1}", *COOP]
+
+
+LM_SETS = lm_sets()
 HELD_OUT = (8, 32)  # held-out batches x sequences (x 16 tokens: 4,096 next-token predictions)
 TASKS = {"digits": "digits-4 (numeric, 200 steps, fusion every 25): final test accuracy",
          "lm": f"synthetic-lm gpt-tiny (numeric, {LM_STEPS} steps, fusion every {LM_INTERVAL}): "
                "held-out next-token accuracy"}
 
 
-def configs(budget: float) -> list[tuple[str, list[str]]]:
-    return [(f"share every {k}", [f"communication.share_every={k}"]) for k in INTERVALS] + [
+def configs(budget: float, rows: str = "all") -> list[tuple[str, list[str]]]:
+    """(name, overrides) of the fixed intervals and the controller; ``rows="key"`` keeps
+    "share every 1" (the reference) and the controller only."""
+    every = INTERVALS if rows == "all" else INTERVALS[:1]
+    return [(f"share every {k}", [f"communication.share_every={k}"]) for k in every] + [
         (f"controller, budget {budget:g}", [f"communication.budget={budget}"])]
+
+
+def round_losses(report: dict) -> list[float]:
+    """The agents' mean training loss in each fusion round (by the metrics' ``round``),
+    in round order: the training curve of one run, to see whether it has flattened."""
+    by_round: dict[int, list[float]] = {}
+    for ms in report["metrics"].values():
+        for m in ms:
+            if "round" in m and math.isfinite(float(m.get("loss", math.nan))):
+                by_round.setdefault(int(m["round"]), []).append(float(m["loss"]))
+    return [statistics.fmean(by_round[r]) for r in sorted(by_round)]
+
+
+def decisions(report: dict) -> list[str]:
+    """The controller's decision after each round as rank 0 logged it ("rung w codec"),
+    empty for a fixed interval."""
+    return [f"{int(m['budget_rung'])} w{m['budget_widen']:g} {m.get('budget_codec') or 'fp32'}"
+            for m in report["metrics"]["0"] if "budget_rung" in m]
 
 
 def cost_row(sets: list[str], steps: int) -> dict:
@@ -79,12 +117,13 @@ def digits_run(sets: list[str], seed: int) -> tuple[dict, float]:
     return r, statistics.fmean(ms[-1]["test_accuracy"] for ms in r["metrics"].values())
 
 
-def lm_run(sets: list[str], seed: int) -> tuple[dict, float]:
+def lm_run(sets: list[str], seed: int, steps: int = LM_STEPS) -> tuple[dict, float]:
     """(report, held-out next-token accuracy of the agents' final models, their mean) of
-    one synthetic-lm run; the learners are kept (coop_harness) and scored after the run."""
+    one synthetic-lm run of ``steps`` steps; the learners are kept (coop_harness) and
+    scored after the run."""
     from coop_harness import instrumented, lm_eval_fn, metric_of
 
-    sc = load_scenario(LM, LM_SETS + sets + [f"seed={seed}"])
+    sc = load_scenario(LM, lm_sets(steps) + sets + [f"seed={seed}"])
     with instrumented() as got:
         r, _ = simulate(sc)
     held_out = lm_eval_fn(sc, *HELD_OUT)
@@ -96,21 +135,28 @@ def lm_run(sets: list[str], seed: int) -> tuple[dict, float]:
 RUNS = {"digits": digits_run, "lm": lm_run}
 
 
-def quality_row(task: str, sets: list[str], seeds: list[int]) -> dict:
-    acc, ovh, byt = [], [], []
+def quality_row(task: str, sets: list[str], seeds: list[int], lm_steps: int = LM_STEPS) -> dict:
+    """Accuracy (each seed, mean, std), overhead and bytes of one configuration over the
+    seeds, with the training curve (:func:`round_losses`, mean over seeds) and seed
+    ``seeds[0]``'s controller decisions."""
+    acc, ovh, byt, curves, dec = [], [], [], [], []
     for seed in seeds:
-        r, a = RUNS[task](sets, seed)
+        r, a = lm_run(sets, seed, lm_steps) if task == "lm" else RUNS[task](sets, seed)
         acc.append(a)
         ovh.append(r["comm_overhead"])
         byt.append(r["wire_bytes_per_step"])
+        curves.append(round_losses(r))
+        dec = dec or decisions(r)
     sd = statistics.stdev(acc) if len(acc) > 1 else 0.0
+    curve = [statistics.fmean(c[i] for c in curves) for i in range(min(map(len, curves)))]
     return {"accs": acc, "acc": statistics.fmean(acc), "acc_sd": sd, "overhead": statistics.fmean(ovh),
-            "bytes": statistics.fmean(byt)}
+            "bytes": statistics.fmean(byt), "curve": curve, "decisions": dec}
 
 
-def quality_rows(task: str, method: str, budget: float, seeds: list[int]) -> dict:
-    return {name: quality_row(task, sets + [f"cooperation.roles.optimizer_method={method}"], seeds)
-            for name, sets in configs(budget)}
+def quality_rows(task: str, method: str, budget: float, seeds: list[int], rows: str = "all",
+                 lm_steps: int = LM_STEPS) -> dict:
+    return {name: quality_row(task, sets + [f"cooperation.roles.optimizer_method={method}"], seeds, lm_steps)
+            for name, sets in configs(budget, rows)}
 
 
 def verdict(row: dict, ref: dict) -> str:
@@ -163,12 +209,38 @@ def cost_table(rows: dict, steps: int) -> Table:
     return t
 
 
-def quality_table(task: str, rows: dict, seeds: list[int], method: str) -> Table:
-    t = Table(title=f"{TASKS[task]}, {method} optimizers, seeds {seeds}")
+def task_title(task: str, lm_steps: int = LM_STEPS) -> str:
+    if task == "lm":
+        return (f"synthetic-lm gpt-tiny (numeric, {lm_steps} steps, fusion every {LM_INTERVAL}): "
+                "held-out next-token accuracy")
+    return TASKS[task]
+
+
+def quality_table(task: str, rows: dict, seeds: list[int], method: str, lm_steps: int = LM_STEPS) -> Table:
+    t = Table(title=f"{task_title(task, lm_steps)}, {method} optimizers, seeds {seeds}")
     for c in ("configuration", "accuracy", "vs share every 1", "overhead", "wire bytes / step"):
         t.add_column(c, justify="left" if c == "configuration" else "right")
     for name, cells in quality_cells(rows).items():
         t.add_row(name, *cells)
+    return t
+
+
+def curve_table(rows: dict, method: str, every: int) -> Table:
+    """One line per shown round (every ``every``-th and the last): each configuration's
+    training loss, and the controller's decision at the end of that round."""
+    n = min(len(r["curve"]) for r in rows.values())
+    shown = sorted({*range(0, n, max(1, every)), n - 1})
+    t = Table(title=f"{method} optimizers: the agents' training loss by round (mean over agents and seeds), "
+                    "the controller's decision after the round (seed 0, rank 0: rung w codec)")
+    t.add_column("round", justify="right")
+    for name in rows:
+        t.add_column(f"{name}: loss", justify="right")
+    with_dec = [name for name, r in rows.items() if r["decisions"]]
+    for name in with_dec:
+        t.add_column(f"{name}: decision")
+    for i in shown:
+        t.add_row(str(i), *(f"{r['curve'][i]:.3f}" for r in rows.values()),
+                  *(rows[name]["decisions"][i] if i < len(rows[name]["decisions"]) else "-" for name in with_dec))
     return t
 
 
@@ -208,11 +280,22 @@ def main() -> None:
     ap.add_argument("--budget", type=float, default=0.083, help="communication.budget of the controller rows")
     ap.add_argument("--seeds", type=int, default=3, help="quality seeds 0..N-1")
     ap.add_argument("--tasks", default="digits,lm", help="quality tasks, comma-separated: digits, lm (or none)")
+    ap.add_argument("--lm-steps", type=int, default=LM_STEPS,
+                    help=f"synthetic-lm steps (fusion every {LM_INTERVAL}; default {LM_STEPS}, the README's)")
+    ap.add_argument("--rows", choices=("all", "key"), default="all",
+                    help="quality rows: all, or key (share every 1 and the controller only)")
+    ap.add_argument("--curve", action="store_true",
+                    help="also print the training loss by round and the controller's decisions")
+    ap.add_argument("--curve-every", type=int, default=4, help="--curve: show every N-th round (and the last)")
     ap.add_argument("--plot", type=Path, default=Path("runs/bench_budget/budget.png"))
     args = ap.parse_args()
     tasks = [t for t in args.tasks.split(",") if t and t != "none"]
     if any(t not in TASKS for t in tasks):
         ap.error(f"--tasks: unknown task in {args.tasks!r} (known: {', '.join(TASKS)})")
+    if args.lm_steps < LM_INTERVAL or args.lm_steps % LM_INTERVAL:
+        ap.error(f"--lm-steps: {args.lm_steps} is not a positive multiple of the fusion interval {LM_INTERVAL}")
+    if args.seeds < 1 or args.curve_every < 1:
+        ap.error("--seeds and --curve-every must be at least 1")
     out, t0 = Console(width=150), time.perf_counter()
     cost = {name: cost_row(sets, args.steps) for name, sets in configs(args.budget)}
     out.print(cost_table(cost, args.steps))
@@ -220,8 +303,10 @@ def main() -> None:
     for task in tasks:
         quality[task] = {}
         for method in METHODS:
-            quality[task][method] = quality_rows(task, method, args.budget, seeds)
-            out.print(quality_table(task, quality[task][method], seeds, method.upper()))
+            quality[task][method] = quality_rows(task, method, args.budget, seeds, args.rows, args.lm_steps)
+            out.print(quality_table(task, quality[task][method], seeds, method.upper(), args.lm_steps))
+            if args.curve:
+                out.print(curve_table(quality[task][method], method.upper(), args.curve_every))
     plot(cost, quality, args.plot)
     out.print(f"wrote {args.plot} ({time.perf_counter() - t0:.0f} s)")
 

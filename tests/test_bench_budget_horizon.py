@@ -1,0 +1,85 @@
+"""benchmarks/bench_budget.py's horizon options: ``--lm-steps`` (synthetic-lm at another
+horizon, fusion still every 12), ``--rows key`` (the reference and the controller only)
+and ``--curve`` (training loss by round, the controller's decisions). The defaults must
+stay what the README block holds; the new helpers are checked on hand-made reports and
+one short real run.
+"""
+import math
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+sys.path.insert(0, str(BENCH))
+B = pytest.importorskip("bench_budget")
+
+
+def test_default_lm_settings_are_the_readme_blocks():
+    sets = B.lm_sets()
+    assert sets == B.LM_SETS
+    assert "training.steps=48" in sets and "communication.interval=12" in sets
+
+
+def test_lm_steps_changes_only_the_step_count():
+    a, b = B.lm_sets(48), B.lm_sets(384)
+    assert "training.steps=384" in b and "training.steps=48" not in b
+    assert [s for s in a if not s.startswith("training.steps=")] == [
+        s for s in b if not s.startswith("training.steps=")]
+
+
+def test_rows_key_keeps_the_reference_and_the_controller():
+    everything = [name for name, _ in B.configs(0.083)]
+    assert everything == ["share every 1", "share every 10", "share every 100", "share every 1000",
+                          "controller, budget 0.083"]
+    key = B.configs(0.083, "key")
+    assert [name for name, _ in key] == ["share every 1", "controller, budget 0.083"]
+    assert key[1][1] == ["communication.budget=0.083"]
+
+
+def test_round_losses_by_hand():
+    report = {"metrics": {
+        "0": [{"round": 0, "loss": 4.0}, {"round": 0, "loss": 2.0}, {"round": 1, "loss": 1.0}],
+        "1": [{"round": 1, "loss": 3.0}, {"round": 0, "loss": float("nan")}, {"loss": 9.0}],
+    }}
+    # round 0: (4 + 2) / 2 (the NaN is skipped); round 1: (1 + 3) / 2; no round: ignored
+    assert B.round_losses(report) == [3.0, 2.0]
+
+
+@given(st.lists(st.tuples(st.integers(0, 5), st.floats(0, 20, allow_nan=False)), min_size=1, max_size=40))
+def test_round_losses_stay_within_each_rounds_range(entries):
+    report = {"metrics": {"0": [{"round": r, "loss": x} for r, x in entries]}}
+    got = B.round_losses(report)
+    rounds = sorted({r for r, _ in entries})
+    assert len(got) == len(rounds)
+    for r, mean in zip(rounds, got):
+        xs = [x for q, x in entries if q == r]
+        assert min(xs) - 1e-9 <= mean <= max(xs) + 1e-9
+
+
+def test_decisions_read_rank_0_after_each_round():
+    report = {"metrics": {"0": [
+        {"loss": 1.0},
+        {"budget_rung": 2.0, "budget_widen": 1.0, "budget_codec": "int8"},
+        {"budget_rung": 0.0, "budget_widen": 4.0, "budget_codec": ""},
+    ], "1": [{"budget_rung": 9.0, "budget_widen": 9.0, "budget_codec": "x"}]}}
+    assert B.decisions(report) == ["2 w1 int8", "0 w4 fp32"]
+    assert B.decisions({"metrics": {"0": [{"loss": 1.0}]}}) == []
+
+
+@pytest.mark.parametrize("argv", [["--lm-steps", "50"], ["--lm-steps", "0"], ["--rows", "two"], ["--seeds", "0"]])
+def test_bad_options_exit_2(monkeypatch, argv):
+    monkeypatch.setattr(sys, "argv", ["bench_budget.py", "--tasks", "lm", *argv])
+    with pytest.raises(SystemExit) as e:
+        B.main()
+    assert e.value.code == 2
+
+
+def test_a_short_horizon_runs_one_round_per_12_steps():
+    row = B.quality_row("lm", ["communication.budget=0.083", "cooperation.roles.optimizer_method=swa"], [0],
+                        lm_steps=24)
+    assert len(row["curve"]) == 2 and all(math.isfinite(x) for x in row["curve"])
+    assert len(row["decisions"]) == 1  # one decision: after round 0 of 2
+    assert 0.0 <= row["acc"] <= 1.0
