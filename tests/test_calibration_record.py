@@ -179,3 +179,21 @@ def test_schedule_groups_by_hand():
     slow = schedule_groups(sc, 2, dict(costs, copy_Bps=1e9, gather_param_s=0.0, reduce_param_s=0.0))
     slower = schedule_groups(sc, 2, dict(costs, copy_Bps=5e8, gather_param_s=0.0, reduce_param_s=0.0))
     assert slower["copies_s"] == pytest.approx(2 * slow["copies_s"]) and slow["copies_s"] > 0
+
+
+def test_every_module_imports_outside_the_checkout(tmp_path):
+    """The installed package works from any directory: no module imports the checkout's
+    top-level folders (sim/, backends/) by their folder names, which only resolve when
+    the working directory is the repository root."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import importlib, pkgutil, oresearcher\n"
+            "for m in pkgutil.walk_packages(oresearcher.__path__, 'oresearcher.'):\n"
+            "    if not m.name.endswith('__main__'):\n"
+            "        importlib.import_module(m.name)\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    p = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]

@@ -9,7 +9,7 @@ import time
 
 import yaml
 
-from sim.hardware import JITTER_CV_MAX
+from ..sim.hardware import JITTER_CV_MAX
 
 from ..errors import UserError
 from .fabric_fit import GB, US, FabricFit
