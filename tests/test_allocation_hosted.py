@@ -128,7 +128,7 @@ def test_round_payload_carries_weights_and_stats_bit_for_bit(k, numel, dtype, ra
     parts, weights, stats = [], [], []
     for _ in range(ranks):
         w = [torch.randn(numel).to(dt) for _ in range(k)]
-        s = torch.tensor(data.draw(st.lists(floats, min_size=2 * k, max_size=2 * k)), dtype=torch.float64).reshape(k, 2)
+        s = torch.tensor(data.draw(st.lists(floats, min_size=3 * k, max_size=3 * k)), dtype=torch.float64).reshape(k, 3)
         parts.append(pack_round([_Flat(x) for x in w], s))
         weights += w
         stats.append(s)
@@ -342,3 +342,64 @@ def test_sim_shape_mode_plans_in_units():
         assert m["target_in_seconds"] == 0.0
         assert sum(m[f"target.{a}"] for a in range(8)) == pytest.approx(4 * 2 * 20)
         assert [m[f"units.{a}"] for a in range(8)] == [20.0] * 8
+
+
+def _metered_slice(budget: float, estimate: float, planned: int, cost_of):
+    """A slice run as the hosted program runs it: steps while keep_stepping says so;
+    ``cost_of(i)`` is step i's device seconds. Returns (steps, seconds)."""
+    spent, ran = 0.0, 0
+    while S.keep_stepping(spent, ran, budget, estimate, S.slice_cap(planned)):
+        spent += cost_of(ran)
+        ran += 1
+    return ran, spent
+
+
+def test_metered_slice_by_hand():
+    # budget 1.0 s, plan's estimate 0.125 s: steps cost 0.25 s each (twice the estimate).
+    # Before step 1: 0 + 0.125 fits. After it (0.25 s, mean 0.25): 0.5 fits, 0.75 fits,
+    # 1.0 fits (exactly), then 1.25 does not: 4 steps, 1.0 s, nothing carried.
+    assert _metered_slice(1.0, 0.125, 8, lambda i: 0.25) == (4, 1.0)
+    # steps of 0.375 s: 0.375, 0.75; then 0.75 + 0.375 > 1: 2 steps, 0.25 s left for the credit
+    assert _metered_slice(1.0, 0.125, 8, lambda i: 0.375) == (2, 0.75)
+    # a budget under the estimate runs nothing (the credit carries it to the next round)
+    assert _metered_slice(0.1, 0.125, 8, lambda i: 0.125) == (0, 0.0)
+    # a clock that does not advance stops at the cap: twice the planned steps plus one
+    assert _metered_slice(1.0, 0.125, 8, lambda i: 0.0) == (17, 0.0)
+
+
+@settings(max_examples=150, deadline=None)
+@given(n_dev=st.integers(1, 3), k=st.integers(1, 3), data=st.data())
+def test_metered_slices_keep_every_agent_within_a_step(n_dev, k, data):
+    """Step costs that change every step (0.5-1.5 x the agent's base: who runs beside a
+    slice changes its CPU time) and between rounds: with metered slices, after every
+    metered round each agent's seconds used over the metered rounds trail the seconds
+    handed out by less than its largest step, and nothing is dropped."""
+    n = n_dev * k
+    base = data.draw(st.lists(st.floats(0.5e-3, 2e-3), min_size=n, max_size=n))
+    units = data.draw(st.integers(3 * k, 40))
+    rounds = data.draw(st.integers(3, 10))
+    sch = S.Scheduler(n, n_dev, temperature=data.draw(st.floats(0.01, 5.0)), floor=data.draw(st.floats(0.5, 1.0)))
+    costs = [1] * n
+    biggest = [1.5 * b for b in base]
+    given0 = used0 = carried = None
+    for r in range(rounds):
+        plan = sch.plan(data.draw(st.lists(st.floats(0.0, 1.0), min_size=n, max_size=n)), units, costs)
+        seconds, ran = [], []
+        for a in range(n):
+            draw = lambda i, a=a: base[a] * data.draw(st.floats(0.5, 1.5))  # noqa: E731
+            if plan.metered:
+                steps, spent = _metered_slice(plan.budget_s[a], plan.step_s[a], plan.steps[a], draw)
+            else:
+                steps = plan.steps[a]
+                spent = sum(draw(i) for i in range(steps))
+            seconds.append(spent)
+            ran.append(steps)
+        sch.settle(seconds, ran)
+        if given0 is None:  # round 1, planned in units: the metered books start after it
+            given0, used0, carried, dropped0 = list(sch.given), list(sch.used), list(sch.credit), list(sch.dropped)
+            continue
+        for a in range(n):
+            lag = (sch.given[a] - given0[a]) - (sch.used[a] - used0[a])
+            assert lag == pytest.approx(sch.credit[a] - carried[a], abs=1e-12)
+            assert -biggest[a] - 1e-12 <= sch.credit[a] <= biggest[a] + 1e-12
+    assert sch.dropped == pytest.approx(dropped0, abs=1e-12)

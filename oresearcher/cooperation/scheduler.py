@@ -28,16 +28,21 @@ in seconds, and the credit carried is in seconds of what was really used:
   that ran no step: the median of the others);
 - the round's device seconds: ``M * units_per_device * median(estimates)`` (the same on
   every rank: every rank holds every agent's gathered figures); targets: shares of it;
-- steps: ``floor((target + credit) / (cost * estimate))``; after the round
+- steps: ``floor((target + credit) / (cost * estimate))`` is the plan's estimate; the
+  slice itself is metered (:func:`keep_stepping`): it takes steps while its seconds so
+  far plus its mean step so far fit ``budget_s = target + credit``, so who runs beside it
+  this round (the estimate came from the last) does not move its time; after the round
   ``credit = target + credit - measured seconds`` (deficit round robin on time used),
   clamped to ``+-(target + one step's seconds)`` of that round (:func:`clamp_credit`).
+  A slice then misses its budget by about a step, and the credit stays that small.
 
 The first measured round was planned in units: its seconds become the first estimates,
 its targets are reported in seconds at the median rate, and only its rounding remainder
 is carried (its deviation, warm-up included, is not the schedule's to repay; it is
 counted in ``dropped``). Over a run, for every agent, ``given - used == credit +
 dropped`` exactly, so while the clamp does not bind the device seconds used trail the
-seconds handed out by at most one round's target plus one step (tested).
+seconds handed out by at most one round's target plus one step (tested); with metered
+slices, by about one step (tested with step costs that change every step).
 """
 from __future__ import annotations
 
@@ -113,6 +118,24 @@ def clamp_credit(credit: float, target: float, step_s: float) -> float:
     return min(bound, max(-bound, credit))
 
 
+def keep_stepping(spent: float, ran: int, budget: float, estimate: float, cap: int) -> bool:
+    """Whether a metered slice takes one more step: ``spent`` device seconds in its ``ran``
+    steps so far, ``budget`` its seconds this round (target + credit). The next step is
+    expected to cost the slice's mean step so far (the contention it runs under now),
+    before its first step the plan's ``estimate``; it runs only if that still fits the
+    budget (never ahead: the remainder, under a step, is the next round's credit).
+    ``cap`` bounds the steps whatever a clock says (one that does not advance)."""
+    if ran >= cap:
+        return False
+    nxt = spent / ran if ran else estimate
+    return spent + nxt <= budget * (1 + 1e-9)
+
+
+def slice_cap(planned: int) -> int:
+    """Most steps a metered slice may take: twice the plan's, plus one."""
+    return 2 * planned + 1
+
+
 def switch_seconds(state_bytes: float, host_link_Bps: float) -> float:
     """One switch of one agent: its state out to host memory and back in (two moves)."""
     if host_link_Bps <= 0:
@@ -131,6 +154,7 @@ class RoundPlan:
     switches: list  # agent slices per device (each one switch in, one out)
     metered: bool = False  # planned in seconds from measurements
     step_s: list | None = None  # metered: estimated seconds of one step per agent
+    budget_s: list | None = None  # metered: device seconds each slice may spend (target + credit)
 
 
 class Scheduler:
@@ -202,7 +226,8 @@ class Scheduler:
                 self.given[a] += tgt[a]
         self.pending = {"target": list(tgt), "steps": list(steps), "costs": [float(c) for c in costs],
                         "metered": self.metered, "step_s": step_s}
-        return RoundPlan(steps, tgt, s, dev, sw, self.metered, step_s)
+        budget = [t + c for t, c in zip(tgt, self.credit)] if self.metered else None
+        return RoundPlan(steps, tgt, s, dev, sw, self.metered, step_s, budget)
 
     def settle(self, seconds: Sequence[float], units: Sequence[float]):
         """Account for the planned round: ``seconds`` and ``units`` of device time each

@@ -6,9 +6,15 @@ k agents, N = k * M in all (:mod:`oresearcher.cooperation.scheduler`). A round:
 1. For each hosted agent in turn: its state moves in from host memory (a :class:`Swap`,
    priced by the simulator at the device profile's ``host_link_GBps``, really copied by
    the real backend), it takes the steps its share of the round's device time buys,
-   and its state moves out again.
+   and its state moves out again. Once the plan is in seconds the slice is metered:
+   it steps while its device seconds so far plus its mean step fit its budget
+   (:func:`~oresearcher.cooperation.scheduler.keep_stepping`; at most twice the planned
+   steps plus one). On a CUDA rank reading the seconds so far synchronizes on the last
+   step's event, once a step: the host then launches the next step when the last has
+   finished, the price of a time slice that ends on time. A clock that does not advance
+   (the reference interpreter without one) runs the planned steps.
 2. One AllGather of the agents' flat parameters and of every agent's (mean training
-   loss, device seconds used) (:func:`pack_round`): every rank then computes the same allocation rewards
+   loss, device seconds used, steps run) (:func:`pack_round`): every rank then computes the same allocation rewards
    (1 / (1 + loss): one fixed weighting for every round), the same fused parameters
    (plain average of the healthy agents) and the same next plan. The gathered device
    seconds go back to the scheduler (:meth:`Scheduler.settle`), which from the second
@@ -35,7 +41,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..cooperation.scheduler import Scheduler, hosted
+from ..cooperation.scheduler import Scheduler, hosted, keep_stepping, slice_cap
 from ..errors import UserError
 from ..ops import AllGather, Compute, StepDone
 from .cooperative_round import round_lengths
@@ -59,6 +65,7 @@ class SliceClock:
 
     def __init__(self, ctx):
         self.cuda = ctx.mode == "real" and torch.device(ctx.device).type == "cuda"
+        self.live = ctx.mode == "real" or ctx.clock is not None  # a clock that advances: slices can be metered
         if ctx.mode != "real":
             self.dev = self.wall = ctx.clock or (lambda: 0.0)
         else:
@@ -77,6 +84,15 @@ class SliceClock:
 
     def lap(self) -> None:
         self.marks.append(self._mark())
+
+    def spent(self) -> float:
+        """Device seconds of the slice's steps so far (at the last :meth:`lap`). On a CUDA
+        rank this waits for the last step's kernels (an event synchronize per call)."""
+        a, b = self.marks[0], self.marks[-1]
+        if self.cuda:
+            b.synchronize()
+            return a.elapsed_time(b) / 1e3
+        return b - a
 
     def stop(self) -> tuple[list, float]:
         """(device seconds of each step, wall seconds of the slice)."""
@@ -125,7 +141,7 @@ def move_in(learner, saved) -> None:
 
 def pack_round(agents, stats: torch.Tensor) -> torch.Tensor:
     """One rank's part of the round's all-gather: its agents' flat parameters, then the
-    [k, 2] float64 stats (loss, device seconds) reinterpreted as the parameters' dtype
+    [k, 3] float64 stats (loss, device seconds, steps run) reinterpreted as the parameters' dtype
     (bit for bit: one collective carries both, and the ranks synchronise once a round)."""
     flat = torch.cat([L.flat_params().reshape(-1) for L in agents])
     if flat.device.type == "meta":
@@ -133,13 +149,13 @@ def pack_round(agents, stats: torch.Tensor) -> torch.Tensor:
     return torch.cat([flat, stats.to(flat.device).reshape(-1).view(flat.dtype)])
 
 
-def unpack_round(parts, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Every rank's :func:`pack_round` -> (parameters [n, numel], stats [n, 2] float64)."""
+def unpack_round(parts, k: int, cols: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every rank's :func:`pack_round` -> (parameters [n, numel], stats [n, cols] float64)."""
     flats, stats = [], []
     for p in parts:
-        tail = 2 * k * 8 // p.element_size()
+        tail = cols * k * 8 // p.element_size()
         flats.append(p[:-tail].reshape(k, -1))
-        stats.append(p[-tail:].cpu().clone().view(torch.float64).reshape(k, 2))  # clone: aligned
+        stats.append(p[-tail:].cpu().clone().view(torch.float64).reshape(k, cols))  # clone: aligned
     return torch.cat(flats), torch.cat(stats)
 
 
@@ -191,7 +207,7 @@ def hosted_program(ctx, learner):
     saved = [None] * k
     numeric = ctx.numeric
     for rnd in range(len(rounds)):
-        losses, used, steady, wall = [0.0] * k, [0.0] * k, [0.0] * k, [0.0] * k
+        losses, used, steady, wall, ran = [0.0] * k, [0.0] * k, [0.0] * k, [0.0] * k, [0] * k
         for j in [(rnd + i) % k for i in range(k)]:  # who runs first rotates: the first slice
             a, L = mine[j], agents[j]  # after the round's exchange runs on a cold cache
             yield Swap(move_in, (L, saved[j]), nbytes=nbytes, name="swap_in")
@@ -201,12 +217,16 @@ def hosted_program(ctx, learner):
                 gc.disable()
             try:
                 clock.start()
-                for _ in range(plan.steps[a]):
+                metered = plan.metered and clock.live
+                cap = slice_cap(plan.steps[a]) if metered else plan.steps[a]
+                while (keep_stepping(clock.spent(), len(ls), plan.budget_s[a], plan.step_s[a], cap) if metered
+                       else len(ls) < cap):
                     met = yield Compute(L.forward_backward, flops=L.fwd_flops + L.bwd_flops, name="fwd_bwd")
                     yield Compute(L.optimizer_step, name="optimizer")
                     clock.lap()
                     ls.append(float((met or {}).get("loss", float("nan"))))
                 times, wall[j] = clock.stop()
+                ran[j] = len(ls)
             finally:
                 if held:
                     gc.enable()
@@ -218,14 +238,16 @@ def hosted_program(ctx, learner):
         if real and rnd == 0:  # imports and models are in place: keep them out of later scans
             gc.collect()
             gc.freeze()
-        stats = torch.tensor([[x, u] for x, u in zip(losses, used)], dtype=torch.float64)
+        stats = torch.tensor([[x, u, r] for x, u, r in zip(losses, used, ran)], dtype=torch.float64)
         payload = yield Compute(pack_round, agents, stats, name="pack")
         got = yield AllGather(payload, name="round_gather")
         metrics = {"round": rnd}
         target, secs = plan.target, None  # units; seconds once the scheduler meters (numeric: figures travel)
+        steps_run = list(plan.steps)  # shape mode: no figures travel, and its slices are not metered
         if numeric:
-            every, rows = unpack_round(got, k)  # [n, numel], [n, 2], agent order
-            secs = sched.settle(rows[:, 1].tolist(), [plan.steps[a] * costs[a] for a in range(n)])
+            every, rows = unpack_round(got, k)  # [n, numel], [n, 3], agent order
+            steps_run = [int(x) for x in rows[:, 2].tolist()]
+            secs = sched.settle(rows[:, 1].tolist(), [steps_run[a] * costs[a] for a in range(n)])
             target = plan.target if secs is None else secs
             loss = rows[:, 0]
             rewards = [1.0 / (1.0 + float(x)) if math.isfinite(float(x)) else float("nan") for x in loss]
@@ -247,7 +269,7 @@ def hosted_program(ctx, learner):
             rewards = [0.0] * n
         for a in range(n):
             metrics[f"share.{a}"] = float(plan.shares[a])
-            metrics[f"units.{a}"] = float(plan.steps[a] * costs[a])
+            metrics[f"units.{a}"] = float(steps_run[a] * costs[a])  # what ran (a metered slice decides)
             metrics[f"target.{a}"] = float(target[a])
         metrics["round_units"] = float(max(plan.device_units))
         metrics["target_in_seconds"] = float(secs is not None)
