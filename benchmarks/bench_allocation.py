@@ -201,19 +201,19 @@ def main(argv=None) -> int:
     rows = list(reps[0]["pred_ops"])
     alloc_ops.print_table({k: statistics.median(r["pred_ops"][k] for r in reps) for k in rows},
                           {k: statistics.median(r["meas_ops"][k] for r in reps) for k in rows})
-    print(f"device time / shares per agent (relative error of each agent's fraction, rounds 2.., "
-          f"fractions averaged over the {len(reps)} runs):")
+    print(f"device time / shares per agent (relative error of each agent's fraction against its run's own "
+          f"shares, rounds 2.., errors averaged over the {len(reps)} runs; metered real runs take different "
+          "steps, so their losses and shares differ from run to run):")
     for label, key, kw in (("sim", "sim", {"skip_rounds": 0}), ("gloo CPU time (device time)", "real", {}),
                            ("gloo wall time of the slices", "real", {"key": "wall_s"}),
                            ("gloo steady (median step)", "real", {"key": "steady_s"})):
         got = [device_time_vs_shares(r[key], **kw)[:2] for r in reps]
-        used = [statistics.fmean(g[0][a] for g in got) for a in range(len(got[0][0]))]
-        errs = [(u - g) / g for u, g in zip(used, got[0][1])]
+        errs = [statistics.fmean((u[a] - g[a]) / g[a] for u, g in got) for a in range(len(got[0][0]))]
         each = " ".join(f"{max(abs(u - g) / g for u, g in zip(*x)):.1%}" for x in got)
         print(f"  {label:29s} max |error| {max(abs(e) for e in errs):6.1%}  " + " ".join(f"{e:+.1%}" for e in errs)
               + (f"  (each run: {each})" if len(reps) > 1 else ""))
     given = device_time_vs_shares(reps[0]["sim"], skip_rounds=0)[1]
-    print("shares over the run:", " ".join(f"{g:.3f}" for g in given))
+    print("shares over the run (the simulator's):", " ".join(f"{g:.3f}" for g in given))
     moved = [units_vs_shares(r["real"]) for r in reps]
     print("gloo units run / shares - 1 (metering moves steps to match seconds), averaged over the runs:",
           " ".join(f"{statistics.fmean(x[a] for x in moved):+.1%}" for a in range(len(moved[0]))))
