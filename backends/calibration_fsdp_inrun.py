@@ -40,7 +40,6 @@ from collections import defaultdict
 from contextlib import contextmanager
 from types import SimpleNamespace
 
-import torch
 import torch.distributed as dist
 
 COPY_OPS = ("fsdp_copy_in", "fsdp_copy_out", "fsdp_rs_copy_in", "fsdp_rs_accumulate")  # the schedule's copy ops
