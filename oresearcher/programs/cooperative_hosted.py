@@ -61,7 +61,10 @@ class SliceClock:
     wall seconds. ``sim``: the backend's clock (simulated seconds; wall = device).
     CPU rank: the CPU time of this thread (``time.thread_time``; with intra-op threads,
     of the whole process, ``time.process_time``). CUDA rank: CUDA events around each
-    step, read once at the slice's end (one synchronisation per slice)."""
+    step; an unmetered slice reads them once at its end (one synchronisation per slice),
+    a metered one reads the seconds so far after every step (:meth:`spent`: one event
+    synchronisation per step, so the host queues no step ahead: the price of a slice
+    that stops when its seconds are spent rather than after the planned steps)."""
 
     def __init__(self, ctx):
         self.cuda = ctx.mode == "real" and torch.device(ctx.device).type == "cuda"
@@ -271,7 +274,8 @@ def hosted_program(ctx, learner):
             metrics[f"share.{a}"] = float(plan.shares[a])
             metrics[f"units.{a}"] = float(steps_run[a] * costs[a])  # what ran (a metered slice decides)
             metrics[f"target.{a}"] = float(target[a])
-        metrics["round_units"] = float(max(plan.device_units))
+        metrics["round_units"] = float(max(sum(steps_run[a] * costs[a] for a in hosted(d, n, m))
+                                           for d in range(m)))  # the busiest device's units, as run
         metrics["target_in_seconds"] = float(secs is not None)
         if rnd + 1 < len(rounds):
             plan = sched.plan(rewards, k * rounds[rnd + 1], costs)
