@@ -72,8 +72,10 @@ def critical_rounds(run_dir: Path, skip_rounds: int = 1, host_s: float = 0.0) ->
         row[BETWEEN] = got["_round"] - sum(v for k, v in got.items() if not k.startswith("_"))
         row["round"], row["compute"] = got["_round"], got["_compute"]
         mine = report["metrics"][str(crit)][i]  # the critical rank's own agents carry device_s
-        row["units"] = sum(v for key, v in mine.items() if key.startswith("units.")
-                           and f"device_s.{key.split('.')[1]}" in mine)
+        own = [key.split(".")[1] for key in mine if key.startswith("device_s.")]
+        row["units"] = sum(mine[f"units.{a}"] for a in own)
+        row["device_s"] = sum(mine[f"device_s.{a}"] for a in own)
+        row["plan_unit_s"] = median_unit_s(report, i - 1) if i else float("nan")  # what round i was planned at
         row["steps"] = got["fwd_bwd"] + got["optimizer"]
         row["optimizer"] = got["optimizer"]
         row["rank"], row["compute_ops"] = crit, got["_ops"]
@@ -81,8 +83,19 @@ def critical_rounds(run_dir: Path, skip_rounds: int = 1, host_s: float = 0.0) ->
     return per_round[skip_rounds:]
 
 
+def median_unit_s(report: dict, i: int) -> float:
+    """Round ``i``'s median over agents of device seconds per unit run: the figure the
+    metered scheduler plans the next round's seconds with (``Scheduler.settle``,
+    ``unit_seconds``); nan where no agent reports device time (shape mode)."""
+    per = [m[f"device_s.{a}"] / m[f"units.{a}"] for m in (ms[i] for ms in report["metrics"].values())
+           for a in (key.split(".")[1] for key in m if key.startswith("device_s."))
+           if m[f"units.{a}"] > 0 and m[f"device_s.{a}"] > 0]
+    return statistics.median(per) if per else float("nan")
+
+
 def mean_ms(rows: list[dict]) -> dict:
-    return {k: 1e3 * statistics.fmean(r[k] for r in rows) for k in rows[0] if k not in ("rank", "compute_ops", "units")}
+    skip = ("rank", "compute_ops", "units", "device_s", "plan_unit_s")
+    return {k: 1e3 * statistics.fmean(r[k] for r in rows) for k in rows[0] if k not in skip}
 
 
 def print_table(pred: dict, meas: dict) -> None:

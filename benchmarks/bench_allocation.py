@@ -15,9 +15,15 @@ being predicted feeds the prediction:
    the same schedule), from whose trace, on each round's critical rank (the last to
    reach the round's all-gather; rounds 2..):
 
-   - the compute rate: the agents' FLOPs per step x the steps it ran / the seconds of
-     its forward+backward and optimizer ops (the optimizer folded into the rate, as
-     calibrate does). Calibrate takes each rank's own FLOPs over its own time and keeps
+   - the compute rate: the agents' FLOPs per unit x the units its device seconds buy at
+     the price the metered scheduler planned the round with (the last round's median
+     seconds per unit over all agents; ``plan_units``) / the seconds of its
+     forward+backward and optimizer ops (the optimizer folded into the rate, as
+     calibrate does). The simulator hands a rank share x units; the metered real run
+     hands it share x units x that median in seconds, and a rank computing alone at the
+     round's end, on cheaper steps than the median, spends them on more steps. Counted
+     by the steps it ran, the unit came out at the cheap step and the prediction 5-9%
+     low. Calibrate takes each rank's own FLOPs over its own time and keeps
      the slowest rank's rate; where ranks share cores, a
      rank computing while the others wait at the gather runs faster per step than one
      computing beside them, so the rate is taken where the round's time is decided;
@@ -97,6 +103,18 @@ def run(cmd: list, what: str) -> None:
         sys.exit(f"{what} failed (exit {p.returncode}): {p.stderr.strip().splitlines()[-1:]}")
 
 
+def plan_units(row: dict) -> float:
+    """The units a critical round's device seconds are worth at the price the metered
+    scheduler planned that round with (the previous round's median seconds per unit over
+    all agents): the units the simulator hands that rank for the same seconds. A rank
+    whose steps cost less than the median (one computing alone at the round's end) runs
+    more steps than that in its seconds; counting its own steps would price the
+    simulator's unit at the cheaper step. Before metering (no device seconds): its units."""
+    if row["device_s"] > 0 and row["plan_unit_s"] > 0:
+        return row["device_s"] / row["plan_unit_s"]
+    return row["units"]
+
+
 def calibration_run(tmp: Path, flags: list, unit_flops: float) -> tuple[float, float, float]:
     """(compute FLOP/s, host overhead s per Compute op, round all-gather s) on the
     critical rank of a separate launch of the same scenario, rounds 2.."""
@@ -104,7 +122,7 @@ def calibration_run(tmp: Path, flags: list, unit_flops: float) -> tuple[float, f
     run(["-m", "oresearcher.run", "--backend=gloo", "--scenario", str(SCENARIO), "--out", str(out),
          "--no-tensorboard", *flags], "calibration run")
     rows = alloc_ops.critical_rounds(out)
-    rate = unit_flops * sum(r["units"] for r in rows) / sum(r["steps"] for r in rows)
+    rate = unit_flops * sum(plan_units(r) for r in rows) / sum(r["steps"] for r in rows)
     host = sum(r[alloc_ops.BETWEEN] for r in rows) / sum(r["compute_ops"] for r in rows)
     return rate, host, statistics.fmean(r[alloc_ops.GATHER_ROW] for r in rows)
 

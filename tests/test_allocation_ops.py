@@ -57,3 +57,31 @@ def test_simulated_host_overhead_moves_to_between_ops(tmp_path):
     assert row["agent steps (forward+backward, optimizer)"] == pytest.approx(0.012 - 2e-4)
     assert row[alloc_ops.BETWEEN] == pytest.approx(0.002 + 4e-4)
     assert row["round"] == pytest.approx(0.020)
+
+
+def test_plan_units_price_the_critical_rank_at_the_planned_median(tmp_path):
+    """Metered: round 1's agents used 1 and 2 ms per unit (median 1.5 ms, the price round 2
+    is planned at); in round 2 the critical rank's agent used 12 ms of device time in 10
+    steps, cheaper than that price: the simulator hands it 12 / 1.5 = 8 units for those
+    seconds, not the 10 steps it ran."""
+    import bench_allocation
+
+    run = _write(tmp_path)
+    report = json.loads((run / "report.json").read_text())
+    for r, (first, second) in {"0": (0.004, 0.003), "1": (0.008, 0.012)}.items():
+        report["metrics"][r][0][f"device_s.{r}"] = first
+        report["metrics"][r][1][f"device_s.{r}"] = second
+    (run / "report.json").write_text(json.dumps(report))
+    (row,) = alloc_ops.critical_rounds(run)
+    assert row["rank"] == 1 and row["units"] == 10.0
+    assert row["device_s"] == pytest.approx(0.012)
+    assert row["plan_unit_s"] == pytest.approx(0.0015)
+    assert alloc_ops.median_unit_s(report, 1) == pytest.approx((0.003 / 3 + 0.012 / 10) / 2)
+    assert bench_allocation.plan_units(row) == pytest.approx(8.0)
+
+
+def test_plan_units_fall_back_to_units_without_device_time(tmp_path):
+    (row,) = alloc_ops.critical_rounds(_write(tmp_path))  # device_s 0: nothing metered
+    import bench_allocation
+
+    assert bench_allocation.plan_units(row) == 10.0
