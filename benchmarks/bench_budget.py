@@ -31,7 +31,14 @@ only the two quality rows that matter ("share every 1" and the controller) so a 
 horizon fits in time; ``--curve`` adds, per configuration, the agents' training loss by
 round (mean over agents and seeds; shown every ``--curve-every`` rounds) and the
 controller's decisions (seed 0, rank 0: rung, widening, codec) to see that training has
-flattened and what the controller did. The defaults (48 steps, all rows) are what the
+flattened and what the controller did.
+
+Time to target (the console tables' last column): the simulated time until the end of
+the first fusion round whose agents' mean training loss is at or below a target, the
+final training loss of sharing every step (mean over seeds) plus 10%; median over seeds,
+and its ratio to sharing every step. The simulated clock is the one the overhead is
+measured on, so a configuration that shares less reaches a loss sooner if its steps
+are cheaper by more than its training is slower. The defaults (48 steps, all rows) are what the
 README blocks hold.
 
 Verdict of every row against "share every 1": the difference of the means, and "within
@@ -85,15 +92,55 @@ def configs(budget: float, rows: str = "all") -> list[tuple[str, list[str]]]:
         (f"controller, budget {budget:g}", [f"communication.budget={budget}"])]
 
 
-def round_losses(report: dict) -> list[float]:
-    """The agents' mean training loss in each fusion round (by the metrics' ``round``),
-    in round order: the training curve of one run, to see whether it has flattened."""
+def round_curve(report: dict) -> list[tuple[float, float]]:
+    """(simulated seconds at the round's end: its last rank's, the agents' mean training
+    loss) for each fusion round (by the metrics' ``round``), in round order."""
     by_round: dict[int, list[float]] = {}
+    ends: dict[int, float] = {}
     for ms in report["metrics"].values():
         for m in ms:
             if "round" in m and math.isfinite(float(m.get("loss", math.nan))):
                 by_round.setdefault(int(m["round"]), []).append(float(m["loss"]))
-    return [statistics.fmean(by_round[r]) for r in sorted(by_round)]
+                if "time_s" in m:
+                    ends[int(m["round"])] = max(ends.get(int(m["round"]), 0.0), float(m["time_s"]))
+    return [(ends.get(r, math.nan), statistics.fmean(by_round[r])) for r in sorted(by_round)]
+
+
+def round_losses(report: dict) -> list[float]:
+    """The agents' mean training loss in each fusion round, in round order: the training
+    curve of one run, to see whether it has flattened."""
+    return [loss for _, loss in round_curve(report)]
+
+
+def time_to_target(curve: list[tuple[float, float]], target: float) -> float:
+    """Simulated seconds until the end of the first round whose mean training loss is at
+    or below ``target`` (inf: never within the run)."""
+    return next((t for t, loss in curve if loss <= target), math.inf)
+
+
+TARGET_MARGIN = 0.10  # time-to-target: the loss within 10% of what sharing every step ends at
+
+
+def with_time_to_target(rows: dict) -> dict:
+    """Adds ``target`` (the reference row's final training loss, mean over seeds, plus
+    TARGET_MARGIN) and each row's ``ttt`` (per seed: :func:`time_to_target`, simulated
+    seconds) to rows of one task and method. The reference reaches it by construction
+    (its own end, with a margin); a row that never does within the run shows inf."""
+    ref = rows["share every 1"]
+    target = statistics.fmean(c[-1][1] for c in ref["curves"]) * (1 + TARGET_MARGIN)
+    for r in rows.values():
+        r["target"], r["ttt"] = target, [time_to_target(c, target) for c in r["curves"]]
+    return rows
+
+
+def ttt_cell(row: dict, ref: dict) -> str:
+    """Median time to target over seeds (ms, simulated) and its ratio to the reference's."""
+    reached = [t for t in row["ttt"] if math.isfinite(t)]
+    if len(reached) * 2 <= len(row["ttt"]):
+        return f"not reached ({len(reached)} of {len(row['ttt'])} seeds)"
+    med, ref_med = statistics.median(row["ttt"]), statistics.median(ref["ttt"])
+    note = "" if len(reached) == len(row["ttt"]) else f", {len(row['ttt']) - len(reached)} seed(s) not"
+    return f"{med * 1e3:,.1f} ms ({med / ref_med:.2f}x{note})"
 
 
 def decisions(report: dict) -> list[str]:
@@ -145,18 +192,18 @@ def quality_row(task: str, sets: list[str], seeds: list[int], lm_steps: int = LM
         acc.append(a)
         ovh.append(r["comm_overhead"])
         byt.append(r["wire_bytes_per_step"])
-        curves.append(round_losses(r))
+        curves.append(round_curve(r))
         dec = dec or decisions(r)
     sd = statistics.stdev(acc) if len(acc) > 1 else 0.0
-    curve = [statistics.fmean(c[i] for c in curves) for i in range(min(map(len, curves)))]
+    curve = [statistics.fmean(c[i][1] for c in curves) for i in range(min(map(len, curves)))]
     return {"accs": acc, "acc": statistics.fmean(acc), "acc_sd": sd, "overhead": statistics.fmean(ovh),
-            "bytes": statistics.fmean(byt), "curve": curve, "decisions": dec}
+            "bytes": statistics.fmean(byt), "curve": curve, "curves": curves, "decisions": dec}
 
 
 def quality_rows(task: str, method: str, budget: float, seeds: list[int], rows: str = "all",
                  lm_steps: int = LM_STEPS) -> dict:
-    return {name: quality_row(task, sets + [f"cooperation.roles.optimizer_method={method}"], seeds, lm_steps)
-            for name, sets in configs(budget, rows)}
+    return with_time_to_target({name: quality_row(task, sets + [f"cooperation.roles.optimizer_method={method}"],
+                                                  seeds, lm_steps) for name, sets in configs(budget, rows)})
 
 
 def verdict(row: dict, ref: dict) -> str:
@@ -217,11 +264,15 @@ def task_title(task: str, lm_steps: int = LM_STEPS) -> str:
 
 
 def quality_table(task: str, rows: dict, seeds: list[int], method: str, lm_steps: int = LM_STEPS) -> Table:
-    t = Table(title=f"{task_title(task, lm_steps)}, {method} optimizers, seeds {seeds}")
-    for c in ("configuration", "accuracy", "vs share every 1", "overhead", "wire bytes / step"):
+    ref = rows["share every 1"]
+    t = Table(title=f"{task_title(task, lm_steps)}, {method} optimizers, seeds {seeds}",
+              caption=f"time to target: simulated time until the agents' mean training loss of a round is at or "
+                      f"below {ref['target']:.4f} (sharing every step's final loss + {TARGET_MARGIN:.0%}), median "
+                      "over seeds")
+    for c in ("configuration", "accuracy", "vs share every 1", "overhead", "wire bytes / step", "time to target"):
         t.add_column(c, justify="left" if c == "configuration" else "right")
     for name, cells in quality_cells(rows).items():
-        t.add_row(name, *cells)
+        t.add_row(name, *cells, ttt_cell(rows[name], ref))
     return t
 
 

@@ -83,3 +83,34 @@ def test_a_short_horizon_runs_one_round_per_12_steps():
     assert len(row["curve"]) == 2 and all(math.isfinite(x) for x in row["curve"])
     assert len(row["decisions"]) == 1  # one decision: after round 0 of 2
     assert 0.0 <= row["acc"] <= 1.0
+
+
+def test_round_curve_takes_each_rounds_last_rank_by_hand():
+    report = {"metrics": {
+        "0": [{"round": 0, "loss": 4.0, "time_s": 0.010}, {"round": 1, "loss": 1.0, "time_s": 0.030}],
+        "1": [{"round": 0, "loss": 2.0, "time_s": 0.012}, {"round": 1, "loss": 3.0, "time_s": 0.029}],
+    }}
+    assert B.round_curve(report) == [(0.012, 3.0), (0.030, 2.0)]
+
+
+def test_time_to_target_is_the_first_round_at_or_below_it():
+    curve = [(0.01, 3.0), (0.02, 2.5), (0.03, 2.0), (0.04, 2.2)]
+    assert B.time_to_target(curve, 2.5) == 0.02  # at or below
+    assert B.time_to_target(curve, 2.1) == 0.03
+    assert B.time_to_target(curve, 1.9) == math.inf
+
+
+def test_time_to_target_rows_by_hand():
+    """Target: the reference's final loss over seeds (2.0 and 3.0: 2.5) plus 10% = 2.75. The
+    reference reaches it at 0.02 s (seed 0) and 0.03 s (seed 1); the other row reaches it
+    at 0.01 s once and never in the other seed: half the seeds is not enough."""
+    ref = {"curves": [[(0.01, 3.0), (0.02, 2.7), (0.03, 2.0)], [(0.01, 4.0), (0.03, 2.75), (0.04, 3.0)]]}
+    other = {"curves": [[(0.01, 2.0)], [(0.01, 5.0), (0.02, 4.0)]]}
+    rows = B.with_time_to_target({"share every 1": ref, "controller": other})
+    assert ref["target"] == pytest.approx(2.75)
+    assert ref["ttt"] == [0.02, 0.03] and other["ttt"] == [0.01, math.inf]
+    assert B.ttt_cell(ref, ref) == "25.0 ms (1.00x)"
+    assert B.ttt_cell(other, ref) == "not reached (1 of 2 seeds)"
+    other["curves"].append([(0.02, 1.0)])
+    B.with_time_to_target(rows)
+    assert B.ttt_cell(other, ref) == "20.0 ms (0.80x, 1 seed(s) not)"
