@@ -101,16 +101,19 @@ def test_time_to_target_is_the_first_round_at_or_below_it():
 
 
 def test_time_to_target_rows_by_hand():
-    """Target: the reference's final loss over seeds (2.0 and 3.0: 2.5) plus 10% = 2.75. The
-    reference reaches it at 0.02 s (seed 0) and 0.03 s (seed 1); the other row reaches it
-    at 0.01 s once and never in the other seed: half the seeds is not enough."""
+    """The common target: the highest final loss of any row, each the mean over its seeds:
+    the reference ends at 2.0 and 3.0 (2.5), the other at 2.0 and 4.0 (3.0): 3.0. The
+    reference reaches it at 0.01 s (seed 0) and 0.03 s (seed 1); the other at 0.01 s
+    once and never in the other seed (it ends at 4.0): half the seeds is not enough."""
     ref = {"curves": [[(0.01, 3.0), (0.02, 2.7), (0.03, 2.0)], [(0.01, 4.0), (0.03, 2.75), (0.04, 3.0)]]}
     other = {"curves": [[(0.01, 2.0)], [(0.01, 5.0), (0.02, 4.0)]]}
     rows = B.with_time_to_target({"share every 1": ref, "controller": other})
-    assert ref["target"] == pytest.approx(2.75)
-    assert ref["ttt"] == [0.02, 0.03] and other["ttt"] == [0.01, math.inf]
-    assert B.ttt_cell(ref, ref) == "25.0 ms (1.00x)"
+    assert ref["target"] == other["target"] == pytest.approx(3.0)
+    assert ref["ttt"] == [0.01, 0.03] and other["ttt"] == [0.01, math.inf]
+    assert B.ttt_cell(ref, ref) == "20.0 ms (1.00x)"
     assert B.ttt_cell(other, ref) == "not reached (1 of 2 seeds)"
-    other["curves"].append([(0.02, 1.0)])
+    other["curves"].append([(0.02, 1.0)])  # a third seed: its mean final (2 + 4 + 1) / 3 < 2.5
     B.with_time_to_target(rows)
-    assert B.ttt_cell(other, ref) == "20.0 ms (0.80x, 1 seed(s) not)"
+    assert ref["target"] == pytest.approx(2.5)  # now the reference's (2 + 3) / 2 is the highest
+    assert ref["ttt"] == [0.03, math.inf] and other["ttt"] == [0.01, math.inf, 0.02]
+    assert B.ttt_cell(other, ref) == "20.0 ms (1 seed(s) not)"  # no ratio to a reference that misses
