@@ -7,7 +7,7 @@ state machine), exact resume, and a sharing round that loses and duplicates noth
 import numpy as np
 import pytest
 import torch
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 from scipy.stats import chisquare
@@ -143,6 +143,54 @@ def test_segment_tree_rebuild_equals_incremental_sets():
     a.set(np.arange(10), vals)
     b.rebuild(vals)
     assert np.array_equal(a.tree, b.tree)
+
+
+def _prefix_holds(leaves: np.ndarray, slots: np.ndarray, u: np.ndarray, rel: float = 1e-12) -> bool:
+    """Each slot's prefix-sum range [P(slot), P(slot + 1)) holds its u (within rounding of
+    the total), and no slot is a zero leaf: the definition, by exact-ish cumulative sums."""
+    prefix = np.concatenate([[0.0], np.cumsum(leaves, dtype=np.longdouble)]).astype(np.float64)
+    tol = rel * prefix[-1]
+    return bool((leaves[slots] > 0).all() and (prefix[slots] - tol <= u).all() and (u < prefix[slots + 1] + tol).all())
+
+
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(1, 3000), zeros=st.floats(0.0, 0.9), seed=st.integers(0, 10_000), k=st.integers(1, 300))
+def test_fast_descent_finds_the_slot_whose_range_holds_u(n, zeros, seed, k):
+    """find_prefix (a binary search over the top levels, then the plain descent) against
+    the definition and against find_prefix_binary (one guarded level at a time), on
+    pools with many zero leaves, trees of every depth (1 to 4096 leaves) and u anywhere
+    in [0, total), the ends included."""
+    rng = np.random.default_rng(seed)
+    leaves = rng.exponential(1.0, n) * (rng.random(n) >= zeros)
+    leaves[rng.integers(n)] = 1.0  # at least one entry holds priority
+    tree = SegmentTree(n, np.add, 0.0)
+    tree.rebuild(leaves)
+    u = np.concatenate([[0.0, np.nextafter(tree.root, 0.0)], rng.random(k) * tree.root])
+    fast, slow = tree.find_prefix(u), tree.find_prefix_binary(u)
+    assert _prefix_holds(leaves, fast, u) and _prefix_holds(leaves, slow, u)
+    assert (fast == slow).mean() > 0.99  # they may differ only where u sits on a boundary, by rounding
+
+
+def test_fast_descent_redoes_a_u_that_rounding_carries_onto_a_zero_leaf(monkeypatch):
+    """A tree whose nodes hold a hair more than their children (as rounding can leave
+    them): slots 0..2998 hold 1, slot 2999 nothing, and the ancestors of the pair
+    (2998, 2999) 1e-9 more than their children. The plain descent carries the largest u
+    past slot 2998's range onto slot 2999, a zero leaf; that u is redone by the guarded
+    descent, which keeps out of the empty subtree: slot 2998."""
+    tree = SegmentTree(4096, np.add, 0.0)
+    leaves = np.zeros(4096)
+    leaves[:2999] = 1.0
+    tree.rebuild(leaves)
+    node = (4096 + 2998) // 2  # the pair's parent
+    while node >= 1:
+        tree.tree[node] += 1e-9
+        node //= 2
+    redone = []
+    binary = tree.find_prefix_binary
+    monkeypatch.setattr(tree, "find_prefix_binary", lambda u: redone.append(len(u)) or binary(u))
+    u = np.array([0.5, tree.root - 1e-10])
+    assert tree.find_prefix(u).tolist() == [0, 2998]
+    assert redone == [1]  # only the carried u went the slow way
 
 
 def _sharing_round(counts, updates, quota=5):
