@@ -134,7 +134,7 @@ def ttt_cell(row: dict, ref: dict) -> str:
     """Median time to target over seeds (ms, simulated) and its ratio to the reference's."""
     reached = [t for t in row["ttt"] if math.isfinite(t)]
     if len(reached) * 2 <= len(row["ttt"]):
-        return f"not reached ({len(reached)} of {len(row['ttt'])} seeds)"
+        return f"not reached (reached in {len(reached)} of {len(row['ttt'])} seeds)"
     med, ref_med = statistics.median(row["ttt"]), statistics.median(ref["ttt"])
     notes = [f"{med / ref_med:.2f}x"] if math.isfinite(ref_med) else []
     if len(reached) < len(row["ttt"]):

@@ -111,7 +111,7 @@ def test_time_to_target_rows_by_hand():
     assert ref["target"] == other["target"] == pytest.approx(3.0)
     assert ref["ttt"] == [0.01, 0.03] and other["ttt"] == [0.01, math.inf]
     assert B.ttt_cell(ref, ref) == "20.0 ms (1.00x)"
-    assert B.ttt_cell(other, ref) == "not reached (1 of 2 seeds)"
+    assert B.ttt_cell(other, ref) == "not reached (reached in 1 of 2 seeds)"
     other["curves"].append([(0.02, 1.0)])  # a third seed: its mean final (2 + 4 + 1) / 3 < 2.5
     B.with_time_to_target(rows)
     assert ref["target"] == pytest.approx(2.5)  # now the reference's (2 + 3) / 2 is the highest
