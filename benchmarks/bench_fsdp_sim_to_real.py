@@ -59,7 +59,8 @@ OPS = (("all-gathers", "fsdp_all_gather", "all_gather_single"),
        ("reduce-scatters", "fsdp_reduce_scatter", "reduce_scatter_single"),
        ("HSDP all-reduces", "hsdp_all_reduce", "all_reduce"))
 
-KEYS = ("step_time_s", "first_steps_step_time_s", "compute_time_s", "comm_time_s", "exposed_comm_time_s", "comm_overhead", "peer_wait_time_s")
+KEYS = ("step_time_s", "first_steps_step_time_s", "compute_time_s", "comm_time_s", "exposed_comm_time_s",
+        "comm_overhead", "peer_wait_time_s")
 
 
 def scenario_dict(world: int, steps: int, reshard: bool) -> dict:

@@ -9,8 +9,9 @@ weights w_i = (N P(i))^-beta / max_j w_j, beta annealed linearly from 0.4 to 1 o
 Sum-tree and min-tree: a complete binary tree over the slots (leaves at ``size .. 2 size``,
 node k holds op(children 2k, 2k+1)), as flat numpy arrays. Every batch operation is one
 vectorised numpy step per level: update of k leaves O(k log n), sampling k values O(k log n)
-(a descent from the root, all k at once; the top levels by one binary search), stratified as in the paper (appendix B.2.1: the
-total divided into k equal ranges, one uniform draw in each).
+(a descent from the root, all k at once; the top levels by one binary search), stratified
+as in the paper (appendix B.2.1: the total divided into k equal ranges, one uniform draw
+in each).
 
 Capacity: a ring; when full the oldest entries are overwritten first (FIFO eviction).
 Entries are rows of named columns (torch tensors, allocated on the first insert), plus
@@ -66,7 +67,7 @@ class SegmentTree:
 
     def find_prefix(self, u: np.ndarray) -> np.ndarray:
         """Sum-tree descent: for each u in [0, root), the slot whose prefix-sum range holds
-        it. Never lands on a zero leaf: an empty subtree is never entered.
+        it. Never returns a zero leaf.
 
         At k = 256 a level of the descent costs numpy's per-call overhead, not arithmetic,
         so the fewer calls the better: the top ``TOP`` levels are one binary search in the
@@ -200,7 +201,8 @@ class PrioritizedReplay:
         """(slots [k], rows {name: [k, ...]}, importance weights [k] float32), stratified."""
         slots, w = self.draw(k, generator, step)
         idx = torch.from_numpy(slots)
-        return slots, {n: c.index_select(0, idx) for n, c in self.columns.items()}, torch.from_numpy(w.astype(np.float32))
+        rows = {n: c.index_select(0, idx) for n, c in self.columns.items()}
+        return slots, rows, torch.from_numpy(w.astype(np.float32))
 
     def priorities(self) -> np.ndarray:
         """Stored priorities (p^alpha) of the filled slots, in slot order."""
