@@ -49,7 +49,7 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_sim_to_real import REPO, calibrate, err, measure, predict, print_table, spread  # noqa: E402
+from bench_sim_to_real import REPO, WARMUP, calibrate, err, measure, predict, print_table, spread  # noqa: E402
 
 from oresearcher.backends.launcher import launch_local  # noqa: E402
 
@@ -141,23 +141,6 @@ def print_ops(n: int, pred: list[dict], meas: list[dict]) -> None:
             print(f"  {label:30s} {p:9.1f} {m:10.1f}   {err(p, m):+6.1%}")
 
 
-WARMUP = 2  # steps, as calibrate's in-run timing (backends/calibration_fsdp_inrun.py) skips
-
-
-def steady(report: dict, warmup: int = WARMUP) -> dict:
-    """A real run's report with ``step_time_s`` over its steps after the first ``warmup``
-    (the slowest rank's, as the report's own figure); the run's own figure, which holds
-    the first steps (FSDP2's lazy initialisation, the optimizer's state allocated at its
-    first step: about 100 ms once), is kept as ``first_steps_step_time_s``. The simulator
-    prices every step alike (no warm-up), so its step is compared with this one."""
-    ends = [[m["time_s"] for m in ms] for ms in report["metrics"].values()]
-    if not ends or min(len(t) for t in ends) <= warmup:
-        raise SystemExit(f"a real run needs more than {warmup} steps to time its steady step (--steps)")
-    out = dict(report, first_steps_step_time_s=report["step_time_s"])
-    out["step_time_s"] = max((t[-1] - t[warmup - 1]) / (len(t) - warmup) for t in ends)
-    return out
-
-
 def median(reports: list[dict]) -> dict:
     return {k: statistics.median(r.get(k, 0.0) for r in reports) for k in KEYS}
 
@@ -185,7 +168,7 @@ def main(argv=None) -> int:
         for k in range(args.repeats):
             profile = work / f"profile{n}-{k}.yaml"
             calibrate(path, profile, ["--set", f"training.strategy={args.calibrate_with}"])
-            meass.append(steady(measure(path, work / f"run{n}-{k}")))
+            meass.append(measure(path, work / f"run{n}-{k}"))  # steady steps (bench_sim_to_real.steady)
             preds.append(predict(path, profile))
             if not args.no_breakdown:
                 mops.append(measured_ops(path, work / f"ops{n}-{k}.json"))
