@@ -30,8 +30,9 @@ GATHER_ROW = ROWS[3][0]
 BETWEEN = "between ops (Python)"
 
 
-def _spans(trace: dict) -> dict:
-    """rank -> [(start s, end s, name)] of its compute and blocked lanes."""
+def trace_spans(trace: dict) -> dict:
+    """rank (int) -> [(start s, end s, name, lane)] of its compute and blocked lanes, from a
+    Chrome trace as the simulator and the gloo backend write it (``trace.json``)."""
     lanes = {e["tid"]: e["args"]["name"].split() for e in trace["traceEvents"]
              if e.get("ph") == "M" and e.get("name") == "thread_name"}
     out = defaultdict(list)
@@ -50,7 +51,7 @@ def critical_rounds(run_dir: Path, skip_rounds: int = 1, host_s: float = 0.0) ->
     between ops and the round's duration, on that round's critical rank. ``host_s``: the
     host overhead the simulator adds to each Compute span (moved to "between ops")."""
     report = json.loads((run_dir / "report.json").read_text())
-    spans = _spans(json.loads((run_dir / "trace.json").read_text()))
+    spans = trace_spans(json.loads((run_dir / "trace.json").read_text()))
     ends = {int(r): [m["time_s"] for m in ms] for r, ms in report["metrics"].items()}
     per_round = []
     for i in range(len(ends[0])):
@@ -72,7 +73,7 @@ def critical_rounds(run_dir: Path, skip_rounds: int = 1, host_s: float = 0.0) ->
         row[BETWEEN] = got["_round"] - sum(v for k, v in got.items() if not k.startswith("_"))
         row["round"], row["compute"] = got["_round"], got["_compute"]
         mine = report["metrics"][str(crit)][i]  # the critical rank's own agents carry device_s
-        own = [key.split(".")[1] for key in mine if key.startswith("device_s.")]
+        own = timed_agents(mine)
         row["units"] = sum(mine[f"units.{a}"] for a in own)
         row["device_s"] = sum(mine[f"device_s.{a}"] for a in own)
         row["plan_unit_s"] = median_unit_s(report, i - 1) if i else float("nan")  # what round i was planned at
@@ -83,14 +84,22 @@ def critical_rounds(run_dir: Path, skip_rounds: int = 1, host_s: float = 0.0) ->
     return per_round[skip_rounds:]
 
 
+def timed_agents(m: dict) -> list[str]:
+    """The agents whose device time a rank's metrics row carries (its hosted agents)."""
+    return [key.split(".")[1] for key in m if key.startswith("device_s.")]
+
+
 def median_unit_s(report: dict, i: int) -> float:
     """Round ``i``'s median over agents of device seconds per unit run: the figure the
-    metered scheduler plans the next round's seconds with (``Scheduler.settle``,
-    ``unit_seconds``); nan where no agent reports device time (shape mode)."""
-    per = [m[f"device_s.{a}"] / m[f"units.{a}"] for m in (ms[i] for ms in report["metrics"].values())
-           for a in (key.split(".")[1] for key in m if key.startswith("device_s."))
-           if m[f"units.{a}"] > 0 and m[f"device_s.{a}"] > 0]
-    return statistics.median(per) if per else float("nan")
+    metered scheduler plans the next round's seconds with (``Scheduler.plan`` takes the
+    median of ``unit_seconds``, computed here by the scheduler's own function); nan where
+    no agent reports device time (shape mode)."""
+    from oresearcher.cooperation.scheduler import unit_seconds
+
+    rows = [ms[i] for ms in report["metrics"].values()]
+    agents = [(m, a) for m in rows for a in timed_agents(m)]
+    est = unit_seconds([m[f"device_s.{a}"] for m, a in agents], [m[f"units.{a}"] for m, a in agents])
+    return statistics.median(est) if est else float("nan")
 
 
 def mean_ms(rows: list[dict]) -> dict:

@@ -46,6 +46,8 @@ from pathlib import Path
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+import alloc_ops  # noqa: E402  (trace_spans: the trace's compute and blocked spans per rank)
 
 BASE = {
     "name": "sim2real",
@@ -105,15 +107,9 @@ def steady(report: dict, run_dir: Path, warmup: int = WARMUP) -> dict:
     ends = {r: [m["time_s"] for m in ms] for r, ms in report["metrics"].items()}
     if not ends or min(len(t) for t in ends.values()) <= warmup:
         raise SystemExit(f"a real run needs more than {warmup} steps to time its steady step")
-    trace = json.loads((run_dir / "trace.json").read_text())["traceEvents"]
-    lanes = {e["tid"]: e["args"]["name"].split() for e in trace
-             if e.get("ph") == "M" and e.get("name") == "thread_name"}
-    blocked = dict.fromkeys(ends, 0.0)
-    for e in trace:
-        lane = lanes.get(e.get("tid"))
-        if e.get("ph") == "X" and lane and lane[2:3] == ["blocked"] and lane[1] in ends:
-            if e["ts"] / 1e6 >= ends[lane[1]][warmup - 1]:
-                blocked[lane[1]] += e["dur"] / 1e6
+    spans = alloc_ops.trace_spans(json.loads((run_dir / "trace.json").read_text()))
+    blocked = {r: sum(e - s for s, e, _, lane in spans[int(r)] if lane == "blocked" and s >= t[warmup - 1])
+               for r, t in ends.items()}
     out = dict(report, **{f"first_steps_{k}": report[k]
                           for k in ("step_time_s", "exposed_comm_time_s", "comm_overhead")})
     out["step_time_s"] = max((t[-1] - t[warmup - 1]) / (len(t) - warmup) for t in ends.values())
