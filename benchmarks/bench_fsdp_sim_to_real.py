@@ -175,9 +175,9 @@ def main(argv=None) -> int:
                 pops.append(predicted_ops(preds[-1], schedule_seconds(path, profile)))
             print(f"[{time.perf_counter() - t0:5.0f} s] {n} ranks, repeat {k + 1}: step "
                   f"{1e3 * preds[-1]['step_time_s']:.1f} predicted vs {1e3 * meass[-1]['step_time_s']:.1f} ms measured "
-                  f"(steps {WARMUP + 1}.., {(preds[-1]['step_time_s'] / meass[-1]['step_time_s'] - 1):+.1%}; with the "
+                  f"(steps {WARMUP + 1}.., {err(preds[-1]['step_time_s'], meass[-1]['step_time_s']):+.1%}; with the "
                   f"first {WARMUP}: {1e3 * meass[-1]['first_steps_step_time_s']:.1f} ms, "
-                  f"{(preds[-1]['step_time_s'] / meass[-1]['first_steps_step_time_s'] - 1):+.1%})", flush=True)
+                  f"{err(preds[-1]['step_time_s'], meass[-1]['first_steps_step_time_s']):+.1%})", flush=True)
         if mops:
             print_ops(n, pops, mops)
         pred, meas = median(preds), median(meass)
