@@ -1,5 +1,6 @@
-"""README figures cannot drift: the quick blocks of benchmarks/readme_figures.py match a fresh run,
-and the rewriting touches nothing outside its markers."""
+"""Figures of README.md and docs/*.md cannot drift: the quick blocks of benchmarks/readme_figures.py
+match a fresh run, and the rewriting touches nothing outside its markers, on the page that holds
+each block."""
 import importlib.util
 import sys
 from pathlib import Path
@@ -39,12 +40,32 @@ def test_broken_markers_are_named(bad, msg):
         rf.blocks_in(bad)
 
 
-def test_every_block_is_in_the_readme_once_and_check_sees_a_difference(monkeypatch):
-    present = rf.blocks_in(rf.README.read_text())
+def test_every_block_is_on_one_page_and_check_sees_a_difference(monkeypatch):
+    present = rf.all_blocks()
     assert {b.name for b in rf.BLOCKS} <= set(present)
     fake = rf.Block("sim-8xA100", "x", lambda: "not what the README holds\n")
     diffs = rf.check([fake], log=lambda s: None)
     assert len(diffs) == 1 and "+not what the README holds" in diffs[0]
+
+
+def test_blocks_are_found_on_every_page_and_written_where_they_are(tmp_path):
+    one, two = tmp_path / "README.md", tmp_path / "topic.md"
+    one.write_text(TEXT)
+    two.write_text("# topic\n<!-- fig:c -->\nold c\n<!-- /fig:c -->\n")
+    assert rf.where([one, two]) == {"a": one, "b": one, "c": two}
+    blocks = [rf.Block("c", "x", lambda: "new c\n"), rf.Block("a", "x", lambda: "new a\n")]
+    assert sorted(rf.write(blocks, log=lambda s: None, files=[one, two])) == ["a", "c"]
+    assert one.read_text() == TEXT.replace("old a\n", "new a\n")
+    assert two.read_text() == "# topic\n<!-- fig:c -->\nnew c\n<!-- /fig:c -->\n"
+    assert rf.check(blocks, log=lambda s: None, files=[one, two]) == []
+
+
+def test_a_block_on_two_pages_is_an_error(tmp_path):
+    one, two = tmp_path / "one.md", tmp_path / "two.md"
+    one.write_text(TEXT)
+    two.write_text("<!-- fig:b -->\nx\n<!-- /fig:b -->\n")
+    with pytest.raises(ValueError, match="fig:b appears in both one.md and two.md"):
+        rf.where([one, two])
 
 
 def test_quick_readme_figures_match_a_fresh_run():
