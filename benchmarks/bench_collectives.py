@@ -3,7 +3,7 @@
     python benchmarks/bench_collectives.py            # prints tables, writes runs/bench_collectives.png
     python benchmarks/bench_collectives.py --out DIR
 
-Each shipped reference (tests/data/nccl-*.csv, copies of ../shared/nccl-reference) is
+Each shipped reference (tests/data/nccl-*.csv, each naming its source on its first line) is
 simulated on the cluster it ran on (oresearcher.sim.bench.REFERENCES) at its own sizes.
 The error is exp(mean |ln(simulated / measured)|) - 1 over its sizes (the -g 8 curve from
 1 MiB up: below, its host launch floor hides the collective).

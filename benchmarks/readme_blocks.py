@@ -145,14 +145,13 @@ def bad_input() -> str:
                  f"$ python -m oresearcher.sim scenarios/8xA100.yaml --set cluster.device=Z80\n{second}")
 
 
-ABCI = "../shared/nccl-reference/abci2-intra-anode-job08-a100sxm40-8gpu.csv"
+ABCI = "tests/data/nccl-abci2-intra-anode-job08-a100sxm40-8gpu.csv"  # the published curve, shipped with its source
 SHOWN_SIZES = ("8 B", "64 KiB", "1 MiB", "4 MiB", "16 MiB", "32 MiB")
 
 
 def collective_bench() -> str:
-    ref = ABCI if (ROOT / ABCI).is_file() else "tests/data/nccl-abci2-intra-anode-job08-a100sxm40-8gpu.csv"
     with tempfile.TemporaryDirectory() as tmp:
-        out = run(f"python -m oresearcher.sim scenarios/8xA100.yaml --collective-bench all_reduce --reference {ref} "
+        out = run(f"python -m oresearcher.sim scenarios/8xA100.yaml --collective-bench all_reduce --reference {ABCI} "
                   f"--out {tmp}")
         full = run(f"python -m oresearcher.sim scenarios/8xA100.yaml --collective-bench all_reduce --out {tmp}")
     keep = [ln for ln in out.splitlines() if ln.startswith("┃") or ln.startswith("ref ") or ln.startswith("  error")

@@ -5,7 +5,7 @@
     python -m oresearcher.sim scenarios/8xA100.yaml --sweep communication.bucket_size_MB=5,25,100
     python -m oresearcher.sim scenarios/8xA100.yaml --collective-bench all_reduce
     python -m oresearcher.sim scenarios/8xA100.yaml --collective-bench all_reduce \
-        --launch single-process --reference ../shared/nccl-reference/oci-spinup-gpu-cluster-a100sxm40-8gpu.csv
+        --launch single-process --reference tests/data/nccl-oci-spinup-gpu-cluster-a100sxm40-8gpu.csv
 
 Writes report.json, timeline.png, breakdown.png and trace.json (open it in
 ui.perfetto.dev) to --out (default runs/<scenario name>). Bad input: one line on
@@ -188,7 +188,7 @@ def parse_args(argv):
                         "process driving every GPU of a node (nccl-tests -g 8)")
     p.add_argument("--reference", action="append", default=[], metavar="FILE",
                    help="--collective-bench: a published curve to print and plot beside the simulation "
-                        "(size_bytes,time_us CSV as in ../shared/nccl-reference, or nccl-tests output); repeatable")
+                        "(size_bytes,time_us CSV as in tests/data/nccl-*.csv, or nccl-tests output); repeatable")
     return p.parse_args(argv)
 
 

@@ -33,7 +33,7 @@ def bus_factor(op: str, n: int) -> float:
     return wire.bus_factor(KINDS[op], n)
 
 
-# The published curves shipped in tests/data (copies of ../shared/nccl-reference) and the
+# The published curves shipped in tests/data (each file's first line names its source) and the
 # cluster each ran on: nodes, GPUs per node, inter-node fabric, NICs per node, launch,
 # and the smallest size the model answers for (a -g 8 run's floor hides the kernel).
 REFERENCES = {
@@ -108,7 +108,7 @@ def collective_bench(topo, device, op: str, sizes=None, algorithm: str = "auto")
 
 
 def read_reference(path) -> list[tuple[int, float]]:
-    """(size bytes, time us) rows of a published curve: the CSV of ../shared/nccl-reference
+    """(size bytes, time us) rows of a published curve: the shipped CSV format
     (``size_bytes,time_us,...`` after ``#`` comment lines) or raw nccl-tests output
     (rows of ``size count type redop root time algbw busbw ...``; out-of-place time)."""
     p = Path(path)
