@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
-from .errors import UserError, cli_main
+from .errors import UserError, cli_main, short
 
 FIGURES = (
     ("step_time_s", "step time", "s"),
@@ -44,11 +45,43 @@ def read_report(path: str | Path) -> dict:
     try:
         report = json.loads(p.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise UserError(f"{p}: not a JSON report ({e})") from None
+        raise UserError(f"{p}: not a JSON report ({short(str(e), 120)})") from None
+    except RecursionError:
+        raise UserError(f"{p}: not a report: JSON nested too deeply") from None
+    if not isinstance(report, dict):
+        raise UserError(f"{p}: not a report: a JSON {type(report).__name__}, not an object")
     missing = [k for k, _, _ in FIGURES if k not in report]
     if missing:
         raise UserError(f"{p}: not a report: missing {', '.join(missing)}")
+    for k, _, _ in FIGURES:  # a NaN or a negative time would pass or fail a --max-error gate silently
+        v = report[k]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            raise UserError(f"{p}: {k} is {short(v, 60)}; a report's figures are finite numbers >= 0")
+    for key, kind in (("scenario", dict), ("world_size", int)):
+        if report.get(key) is not None and (not isinstance(report[key], kind) or isinstance(report[key], bool)):
+            raise UserError(f"{p}: {key} is {short(report[key], 60)}; expected a {kind.__name__}")
+    training = (report.get("scenario") or {}).get("training")
+    if training is not None and not isinstance(training, dict):
+        raise UserError(f"{p}: scenario.training is {short(training, 60)}; expected a mapping")
     return report
+
+
+def _fraction(text: str) -> float:
+    """--max-error: a finite fraction >= 0 (NaN would make every comparison pass)."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{short(text, 40)} is not a number") from None
+    if not math.isfinite(v) or v < 0:
+        raise argparse.ArgumentTypeError(f"{short(text, 40)}: expected a finite fraction >= 0 (0.15 is 15%)")
+    return v
+
+
+class _Parser(argparse.ArgumentParser):
+    """Flag mistakes are user errors: one line and exit code 2, not argparse's usage block."""
+
+    def error(self, message):
+        raise UserError(f"{message[:300]} (see --help)")
 
 
 MISMATCH = (("scenario", lambda r: (r.get("scenario") or {}).get("name")),
@@ -111,10 +144,10 @@ def print_table(rows: list[dict], title: str) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m oresearcher.compare", description=__doc__.split("\n")[0])
+    p = _Parser(prog="python -m oresearcher.compare", description=__doc__.split("\n")[0])
     p.add_argument("predicted", help="the simulator's report.json (or its directory)")
     p.add_argument("measured", help="the real run's report.json (or its directory)")
-    p.add_argument("--max-error", type=float, help="exit 1 if step time or overhead is off by more (a fraction)")
+    p.add_argument("--max-error", type=_fraction, help="exit 1 if step time or overhead is off by more (a fraction)")
     p.add_argument("--force", action="store_true",
                    help="compare reports of different scenarios, strategies or rank counts anyway")
     args = p.parse_args(argv)
