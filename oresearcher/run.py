@@ -56,6 +56,13 @@ FLAG_FIELDS = {
     "codec": "communication.codec",
     "checkpoint_every": "training.checkpoint_every",
 }
+# flag -> the strategies whose programs read the field it sets (oresearcher.programs)
+FLAG_USERS = {
+    "communication_interval": ("oresearcher", "fsdp"),  # fsdp: only sharded agents (fsdp.replicas fusion) fuse
+    "reward_weights": ("oresearcher",),
+    "local_steps": ("local_sgd", "diloco"),
+    "codec": ("oresearcher", "ddp"),
+}
 
 
 def _seconds(text: str) -> float:
@@ -97,14 +104,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override any scenario field")
     p.add_argument("--num_agents", type=int, help="agents, one rank each (agents.count; the scenario's role mix "
                    "is rescaled to it)")
-    p.add_argument("--communication_interval", type=int, help="steps between fusion rounds")
-    p.add_argument("--reward_weights", help="task,novelty,safety weights, e.g. 0.5,0.3,0.2")
+    p.add_argument("--communication_interval", type=int, help="steps between fusion rounds (oresearcher; fsdp with fsdp.replicas=fusion)")
+    p.add_argument("--reward_weights", help="task,novelty,safety weights, e.g. 0.5,0.3,0.2 (oresearcher)")
     p.add_argument("--strategy", help="oresearcher | ddp | local_sgd | diloco | single | fsdp "
-                   "(sharded, torch FSDP2; colossalai maps to fsdp)")
+                   "(sharded, torch FSDP2; colossalai is refused: use fsdp)")
     p.add_argument("--steps", type=int, help="training steps per agent")
-    p.add_argument("--local_steps", type=int, help="H of local_sgd/diloco")
+    p.add_argument("--local_steps", type=int, help="H of local_sgd/diloco (refused for other strategies)")
     p.add_argument("--lr", type=float, help="learning rate")
-    p.add_argument("--codec", help="codec spec for shared gradients, e.g. int8")
+    p.add_argument("--codec", help="codec spec for shared gradients, e.g. int8 (oresearcher, ddp)")
     p.add_argument("--checkpoint_every", type=int, help="steps between checkpoints (0: none)")
     p.add_argument("--keep_checkpoints", type=_nonneg_int, default=2, help="checkpoints each rank keeps (0: all)")
     p.add_argument("--out", help="run directory (default runs/<scenario name>/<backend>, beside the simulator's)")
@@ -154,16 +161,54 @@ def scenario_overrides(args, raw: dict) -> list[str]:
     return out
 
 
+def check_flags_agree(args) -> None:
+    """Flags that contradict each other or do nothing here are refused, one line each:
+    ``--override`` or ``--resume-step`` without ``--resume``, and a named flag given beside
+    a ``--set`` of the field it sets (which one wins would be an accident of order)."""
+    for flag in ("override", "resume_step"):
+        if getattr(args, flag) not in (None, False) and not args.resume:
+            raise UserError(f"--{flag.replace('_', '-')} only applies to --resume DIR")
+    for flag, path in FLAG_FIELDS.items():
+        same = [s for s in args.set if s.split("=", 1)[0].strip() == path]
+        if getattr(args, flag) is not None and same:
+            raise UserError(f"--{flag}={getattr(args, flag)} and --set {same[0]} both set {path}; give one")
+
+
+def check_flags_used(args, scenario) -> None:
+    """A named flag whose field the run's strategy never reads is refused in one line that
+    names the strategies that read it.
+
+    Refused rather than switching the strategy for the user: a flag sets one field and
+    nothing else, so what runs is what the scenario file and the flags say. Picking
+    ``--strategy=oresearcher`` because ``--reward_weights`` was given would turn a
+    scenario's ddp run into another experiment (other programs, other collectives, other
+    report) on a guess, and the same flags would mean different runs under different
+    scenario files. The refusal costs one word to fix and cannot be misread."""
+    strategy = scenario.training.strategy
+    for flag, users in FLAG_USERS.items():
+        if getattr(args, flag) is None:
+            continue
+        fusing = flag != "communication_interval" or strategy != "fsdp" or scenario.fsdp.replicas == "fusion"
+        if strategy in users and fusing:
+            continue
+        who = " or ".join("fsdp with fsdp.replicas=fusion" if u == "fsdp" and flag == "communication_interval"
+                          else u for u in users)
+        raise UserError(f"--{flag} sets {FLAG_FIELDS[flag]}, which training.strategy {strategy} does not use "
+                        f"(used by {who}); pass --strategy={users[0]} or drop --{flag}")
+
+
 def load(args):
     """(scenario, out_dir, changes a resume makes on purpose) from the flags; UserError on any mistake."""
     if why := strategy_alias_error(args.strategy, "--strategy="):
         raise UserError(why)
+    check_flags_agree(args)
     if args.resume:
-        return _load_resume(args)
-    if args.override:
-        raise UserError("--override only applies to --resume")
+        scenario, out, diffs = _load_resume(args)
+        check_flags_used(args, scenario)
+        return scenario, out, diffs
     path = str(find_scenario(args.scenario or DEFAULT_SCENARIO))
     scenario = load_scenario(path, scenario_overrides(args, load_raw(path)))
+    check_flags_used(args, scenario)
     if path != args.scenario:  # the default, or a shipped one: say which
         log.info("scenario file: %s", path)
     out = Path(args.out) if args.out else output_dir("runs", scenario.name, args.backend)
@@ -192,10 +237,9 @@ def _load_resume(args):
 
 
 def save_scenario(scenario, out: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    tmp = out / (SAVED_SCENARIO + ".tmp")
-    tmp.write_text(yaml.safe_dump(scenario.resolved(), sort_keys=False))
-    tmp.replace(out / SAVED_SCENARIO)
+    from .files import write_atomic  # never through a link planted in the run directory
+
+    write_atomic(out / SAVED_SCENARIO, yaml.safe_dump(scenario.resolved(), sort_keys=False).encode())
 
 
 def setup_logging(level: str | None, rank: int | None) -> None:
@@ -269,10 +313,14 @@ def _prepare(scenario, out: Path, args, diffs) -> None:
     from oresearcher.backends import rundir
 
     rundir.remove_temp_files(out)
+    digest = rundir.scenario_hash(scenario.resolved())
     if not args.resume:
         rundir.prepare_new(out, args.overwrite)
+        rundir.write_manifest(out, digest)  # first: the directory is a run's before it holds anything
     else:
         _note_overrides(diffs)
+        if diffs and rundir.read_manifest(out) is not None:
+            rundir.write_manifest(out, digest)  # checkpoints saved from now on name the new scenario
     if not args.resume or diffs:
         save_scenario(scenario, out)
 
@@ -337,12 +385,13 @@ def check_local_world(world: int, backend: str) -> None:
 
 
 def resume_step(out: Path, world: int, wanted, steps: int) -> int:
-    """The checkpoint step a resume starts from, checked before any rank starts."""
-    from oresearcher.backends import checkpoint
+    """The checkpoint step a resume starts from, checked before any rank starts (one at
+    training.steps' last step: the ranks write the report from it, backends/worker.py)."""
+    from oresearcher.backends import checkpoint, rundir
 
-    step = checkpoint.resume_step(out, world, wanted)
-    if step + 1 >= steps:
-        raise UserError(f"--resume {out}: checkpoint step {step} is the last of training.steps={steps}; "
+    step = checkpoint.resume_step(out, world, wanted, checkpoint.run_identity(rundir.read_manifest(out)))
+    if step + 1 > steps:
+        raise UserError(f"--resume {out}: checkpoint step {step} is past training.steps={steps}; "
                         f"nothing left to train (pass --steps greater than {step + 1} to train longer)")
     return step
 
