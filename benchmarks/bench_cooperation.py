@@ -86,8 +86,8 @@ def scenario(task: str, method: str, seed: int, lr_mult: float, size: str, steps
     if distill:
         sets.append(f"distill.steps={distill}")
     base = load_scenario(ROOT / "scenarios" / file, sets)
-    sets += [f"training.steps={steps or n}", f"training.lr={base.training.lr * lr_mult:g}",
-             f"distill.lr={base.distill.lr * lr_mult:g}", *METHODS[method]]
+    # the student's lr is its own: the sweep mis-sets the agents' lr, not the deployment's
+    sets += [f"training.steps={steps or n}", f"training.lr={base.training.lr * lr_mult:g}", *METHODS[method]]
     if method != "oresearcher":
         sets.append("distill.student=null")
     return load_scenario(ROOT / "scenarios" / file, sets)

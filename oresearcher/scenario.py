@@ -198,6 +198,10 @@ class Scenario(Strict):
         if student is not None and student not in model_names(self.workload.task):
             raise ValueError(f"distill.student: unknown model {short(student)} for task {self.workload.task}; "
                              f"known: {', '.join(model_names(self.workload.task))}")
+        archs = self.agents.architectures or [self.workload.model]
+        if student is not None and self.distill.init == "fused" and student not in archs:
+            raise ValueError(f"distill.init: fused, but no agent has the student's architecture {short(student)} "
+                             f"(agents: {', '.join(sorted(set(archs)))})")
         return self
 
     @model_validator(mode="after")

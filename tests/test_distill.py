@@ -155,3 +155,37 @@ def test_a_task_without_distillation_support_is_one_line(tmp_path, capsys):
                                str(tmp_path)])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "cannot be distilled" in err, err
+
+
+def test_student_started_from_the_fused_agents_holds_them_exactly():
+    from oresearcher.cooperation.distill import build_student, fused_params
+
+    g = torch.Generator().manual_seed(5)
+    numel = sum(p.numel() for p in build_model("mlp").parameters())
+    flats = [torch.randn(numel + 7, generator=g) for _ in range(4)]  # padded, as gathered
+    flats[2][0] = float("nan")  # an excluded agent must not enter the mean
+    ids, excluded = ["mlp", "mlp", "mlp", "cnn"], [False, False, True, False]
+    fused = fused_params(flats, ids, excluded, "mlp")
+    want = (flats[0].double() + flats[1].double()) / 2  # by hand: the two healthy mlp agents
+    assert torch.equal(fused, want)
+    student = build_student("digits", "mlp", 0, fused)
+    got = torch.nn.utils.parameters_to_vector(student.parameters())
+    assert torch.equal(got, want[:numel].float())
+    fresh = torch.nn.utils.parameters_to_vector(build_student("digits", "mlp", 0).parameters())
+    assert not torch.equal(fresh, got)
+    assert fused_params(flats, ids, excluded, "lstm") is None  # no agent of that architecture: a fresh student
+
+
+def test_teacher_labels_only_what_the_student_draws():
+    from oresearcher.cooperation.distill import label_rows
+
+    rows = label_rows(270, 15, 16, seed=3)
+    assert len(rows) == 240 and len(set(rows.tolist())) == 240 and int(rows.max()) < 270
+    assert len(label_rows(100, 15, 16, seed=3)) == 100  # the whole shard when the student draws more
+    assert torch.equal(rows, label_rows(270, 15, 16, seed=3))
+
+
+def test_fused_init_needs_an_agent_of_the_students_architecture():
+    with pytest.raises(UserError, match="distill.init: fused"):
+        load_scenario(HETERO, ["distill.init=fused", "distill.student=cnn",
+                               "agents.architectures=[mlp, mlp, lstm, lstm]"])

@@ -8,10 +8,14 @@ set) every rank runs a distillation phase, data parallel over all ranks:
    ``cooperation.ensemble.train`` is off). Each rank computes the teacher's logits once
    on its shard of the training split (samples ``rank::world``): one forward pass of every
    healthy agent plus the ensemble, charged as Compute.
-2. The student (``distill.student``, a model of the task) starts from one seeded
-   initialisation on every rank. Each step draws a batch of ``workload.global_batch /
-   world`` from the shard and minimises Hinton et al.'s loss ("Distilling the Knowledge
-   in a Neural Network", 2015),
+2. The student (``distill.student``, a model of the task) starts, the same on every
+   rank, from the fused model where an agent has its architecture (``distill.init: auto``:
+   the plain mean of those healthy final agents, :func:`fused_params`; so the deployed
+   model is what cooperative training produced, trained on) and from one seeded
+   initialisation otherwise (a smaller or heterogeneous student). The teacher labels only
+   as many rows of the shard as the student will draw (:func:`label_rows`). Each step
+   draws a batch of ``workload.global_batch / world`` from those rows and minimises
+   Hinton et al.'s loss ("Distilling the Knowledge in a Neural Network", 2015),
 
        L = alpha * T^2 * KL(softmax(t / T) || softmax(s / T)) + (1 - alpha) * CE(s, y),
 
@@ -32,7 +36,7 @@ Resuming: the phase has no resume boundary of its own (it is short next to train
 stopped during it resumes at the end of cooperative training and distils again, to the
 same student: the checkpoint of that boundary carries the final agents (their parameters
 in the learners, the rest in :class:`FinalAgents`), the trained ensemble and the replay
-pool; the student starts from its seeded initialisation and draws from seeded generators.
+pool; the student starts from the same fused or seeded weights and draws from seeded generators.
 
 The shared replay pool (``cooperation.replay``, a supervised task's hard-example pool with
 ``x`` and ``y`` columns): frozen at the end of training, its rows (this rank's share,
@@ -64,13 +68,44 @@ def kd_loss(student: torch.Tensor, teacher: torch.Tensor, labels: torch.Tensor, 
     return alpha * soft + (1.0 - alpha) * F.cross_entropy(student, labels)
 
 
-def build_student(task: str, arch: str, seed: int) -> torch.nn.Module:
-    """The task's ``arch`` model from one seeded initialisation, off the global generator."""
+def build_student(task: str, arch: str, seed: int, init: torch.Tensor | None = None) -> torch.nn.Module:
+    """The task's ``arch`` model from one seeded initialisation, off the global generator;
+    with ``init`` (flat parameters, e.g. :func:`fused_params`) it holds exactly those."""
     from ..tasks import TASKS
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(derive(seed, 4_242, prime=STREAM))
-        return importlib.import_module(TASKS[task]).build_model(arch)
+        module = importlib.import_module(TASKS[task]).build_model(arch)
+    if init is not None:
+        numel = sum(p.numel() for p in module.parameters())
+        with torch.no_grad():
+            dtype = next(module.parameters()).dtype
+            torch.nn.utils.vector_to_parameters(init.reshape(-1)[:numel].to(dtype), module.parameters())
+    return module
+
+
+def fused_params(flats, ids, excluded, arch: str) -> torch.Tensor | None:
+    """The fused model of architecture ``arch``: the plain mean of its healthy final agents'
+    flat parameters (what fusion converges to; the cooperative program's deployable model
+    where the student shares the agents' architecture). None when no healthy agent has it."""
+    rows = [f.reshape(-1).double() for f, a, x in zip(flats, ids, excluded) if a == arch and not x]
+    return torch.stack(rows).mean(0) if rows else None
+
+
+def student_init(scenario, res: dict):
+    """The student's starting flat parameters (``distill.init``), or None: a fresh one."""
+    d = scenario.distill
+    if d.init == "fresh":
+        return None
+    return fused_params(res["flats"], res["ids"], res["excluded"], d.student)
+
+
+def label_rows(total: int, steps: int, batch: int, seed: int) -> torch.Tensor:
+    """Rows of a rank's shard the teacher labels: a seeded subset of ``min(total, steps *
+    batch)`` rows, so the student trains on at least as many samples as the teacher labels
+    (labelling rows the student never draws is compute that buys nothing)."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randperm(total, generator=g)[:min(total, steps * batch)].sort().values
 
 
 class Student:
@@ -234,13 +269,16 @@ def distill(ctx, learner, first_step: int, count: dict):
     ens = ctx.state.get("ensemble") or E.from_scenario(sc, learner.n_classes)  # untrained: the plain mean
     X, y = learner.task_data("train")
     X, y = X[rank::n], y[rank::n]
-    teacher = yield from _teacher(ctx, learner, ens, X)
     batch = min(max(1, sc.workload.global_batch // n), len(X))
+    rows = label_rows(len(X), d.steps, batch, derive(sc.seed, rank, 4_243, prime=STREAM)).to(X.device)
+    X, y = X[rows], y[rows]
+    teacher = yield from _teacher(ctx, learner, ens, X)
     pool = replay_rows(ctx.state.get("replay"), rank, n, X)
     if pool is not None:  # the shared hard-example pool's rows, with their teacher outputs
         k = round(float(getattr(learner, "hard_fraction", 0.25)) * batch)
         pool = (*pool[:2], (yield from _teacher(ctx, learner, ens, pool[0])), pool[2], min(k, batch - 1))
-    module = build_student(sc.workload.task, d.student, sc.seed).to(X.device, X.dtype)
+    init = student_init(sc, learner.cooperative_result)
+    module = build_student(sc.workload.task, d.student, sc.seed, init).to(X.device, X.dtype)
     student = Student(module, X, y, teacher, batch=batch, lr=d.lr, temperature=d.temperature, alpha=d.alpha,
                       seed=derive(sc.seed, rank), pool=pool)
     for s in range(d.steps):
@@ -254,6 +292,7 @@ def distill(ctx, learner, first_step: int, count: dict):
                             name="flops_total")
     metrics.update((yield Compute(evaluate, learner, ens, module, name="distill_eval")))
     metrics.update(phase_distill=1.0, cluster_flops=float(total.reshape(-1)[0]), student_step_flops=student.step_flops)
+    metrics.update(student_from_fused=float(init is not None))
     learner.distill_result = {"module": module, "arch": d.student, "metrics": dict(metrics)}
     yield StepDone(first_step + d.steps - 1, metrics)
 

@@ -126,6 +126,11 @@ class DistillSpec(Strict):
 
     student: Optional[Name] = Field(None, description="the student's model name (a model of workload.task); "
                                     "unset: no distillation phase")
+    init: Literal["auto", "fused", "fresh"] = Field(
+        "auto", description="the student's starting weights. auto: the fused model (the plain mean of the healthy "
+        "final agents of its architecture) where an agent has the student's architecture, else a fresh "
+        "initialisation; fused: always the fused model (an error if no agent has the architecture); fresh: "
+        "always a fresh initialisation (plain distillation)")
     steps: Int = Field(200, ge=1, le=MAX_STEPS, description="distillation steps (the task data split over ranks)")
     lr: Float = Field(0.003, gt=0, le=10, description="student AdamW learning rate")
     temperature: Float = Field(4.0, gt=0, le=100, description="softmax temperature of the soft targets")
