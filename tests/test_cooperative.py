@@ -251,3 +251,14 @@ def test_one_agent_trains_as_without_shaping():
             for v in ("true", "false")]
     assert torch.equal(runs[0][1][0].flat_params(), runs[1][1][0].flat_params())
     assert runs[0][1][0].peers == []
+
+
+def test_no_peer_term_runs_no_peer_forwards_and_agreement_is_the_default():
+    ops = []
+    _, learners = _run(_scenario("training.steps=12", "cooperation.roles.optimizer_method=swa",
+                                 "cooperation.rewards.peer_term=none"), wrap=_recorder(ops))
+    base = learners[0].base_fwd_flops + learners[0].bwd_flops
+    assert {f for _, _, name, f in ops if name == "fwd_bwd"} == {base}
+    assert all(l.peers == [] for l in learners)
+    _, shaped = _run(_scenario("training.steps=12", "cooperation.roles.optimizer_method=swa"))
+    assert {(l.peer_term, l.agreement > 0) for l in shaped} == {("agreement", True)}

@@ -153,3 +153,55 @@ def test_novelty_weight_keeps_the_agent_further_from_its_peers_in_training():
     for _ in range(50):
         z_ce, z_sh = _step(z_ce, labels, peers, (1.0, 0.0, 0.0), 0.5), _step(z_sh, labels, peers, (0.5, 0.5, 0.0), 0.5)
     assert float(tv_novelty(z_sh.softmax(-1), peers)) > float(tv_novelty(z_ce.softmax(-1), peers)) + 1e-3
+
+
+# ---- the agreement (co-distillation) peer term ---------------------------------------------
+
+@given(seed=st.integers(0, 10**6), lam=st.floats(0.05, 2.0))
+@settings(max_examples=40, deadline=None)
+def test_agreement_gradient_points_toward_the_peer_mean(seed, lam):
+    from oresearcher.cooperation.rewards import agreement_loss
+
+    g = torch.Generator().manual_seed(seed)
+    z = torch.randn(4, 5, generator=g, dtype=torch.float64)
+    labels = torch.randint(5, (4,), generator=g)
+    peers = torch.randn(4, 5, generator=g, dtype=torch.float64).softmax(-1)
+    zz = z.clone().requires_grad_(True)
+    agreement_loss(zz, peers).backward()
+    assert torch.allclose(zz.grad, (z.softmax(-1) - peers) / 4, atol=1e-6)  # (p - p_bar) / B, by hand
+    # the shaped loss's peer part: its gradient is lam x that, and a small step lowers TV to the peers
+    peer_part = lambda w: _step_term(z, labels, peers, w)  # noqa: E731
+    grad = peer_part(lam) - peer_part(0.0)
+    assert torch.allclose(grad, lam * (z.softmax(-1) - peers) / 4, atol=1e-5)
+    tv = lambda x: float(tv_novelty(x.softmax(-1), peers))  # noqa: E731
+    assert tv(z - 1e-3 * grad) < tv(z)
+
+
+def _step_term(z, labels, peers, lam):
+    z = z.clone().requires_grad_(True)
+    shaped_loss(z, labels, peers, (1.0, 0.3, 0.0), "agreement", lam).backward()
+    return z.grad.detach()
+
+
+def test_peer_terms_by_name():
+    g = torch.Generator().manual_seed(2)
+    logits, labels = torch.randn(8, 10, generator=g), torch.randint(10, (8,), generator=g)
+    peers = torch.randn(8, 10, generator=g).softmax(-1)
+    ce = torch.nn.functional.cross_entropy(logits, labels)
+    w = (0.5, 0.3, 0.0)
+    assert torch.equal(shaped_loss(logits, labels, peers, w, "none", 1.0), ce)
+    assert torch.equal(shaped_loss(logits, labels, peers, w, "agreement", 0.0), ce)  # the novelty weight is not used
+    kl = float((peers * (peers.log() - logits.log_softmax(-1))).sum(-1).mean())
+    assert float(shaped_loss(logits, labels, peers, w, "agreement", 0.5)) == pytest.approx(float(ce) + 0.5 * kl,
+                                                                                           rel=1e-5)
+    with pytest.raises(ValueError, match="unknown peer term"):
+        shaped_loss(logits, labels, peers, w, "repel", 1.0)
+
+
+def test_agreement_weight_ramps_up_to_its_value():
+    from oresearcher.cooperation.rewards import agreement_weight
+
+    assert agreement_weight(0.5, 0.0, "cosine") == 0.0
+    assert agreement_weight(0.5, 1.0, "cosine") == pytest.approx(0.5)
+    assert agreement_weight(0.5, 0.5, "linear") == pytest.approx(0.25)
+    assert agreement_weight(0.5, 0.9, "constant") == pytest.approx(0.25)

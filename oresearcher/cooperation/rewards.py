@@ -21,10 +21,11 @@ The weights follow a schedule over training progress p in [0, 1]: more novelty e
 or loses is taken from or given to the other two terms in proportion to their weights,
 so the weights always add up to the same total.
 
-In supervised tasks the same scheduled weights also shape the training loss
-(:func:`shaped_loss`): the loss is the negated reward with differentiable stand-ins for
-its terms (cross-entropy for the task metric, total variation to the peers' mean
-prediction for novelty, confident wrong-answer mass for the safety rule).
+In supervised tasks the scheduled weights also shape the training loss
+(:func:`shaped_loss`): cross-entropy for the task metric, confident wrong-answer mass for
+the safety rule, and a peer term: by default agreement with the peers' mean prediction
+(co-distillation), optionally the novelty reward's stand-in (total variation to the
+peers' mean prediction, which pushes agents apart).
 """
 from __future__ import annotations
 
@@ -112,26 +113,59 @@ def soft_overconfident_error(probs: torch.Tensor, labels: torch.Tensor, threshol
     return ((wrong.max(-1).values - threshold).clamp(min=0.0) / (1.0 - threshold)).mean()
 
 
+PEER_TERMS = ("agreement", "diversity", "none")
+
+
+def agreement_weight(weight: float, progress: float, schedule: str) -> float:
+    """The agreement term's weight at training progress p: ``weight * g(p)`` (g :func:`ramp`),
+    small while the agents are still far from any useful consensus and full at the end,
+    like co-distillation's burn-in before the distillation term is switched on (Anil et
+    al., "Large scale distributed neural network training through online distillation",
+    2018)."""
+    return float(weight) * ramp(progress, schedule)
+
+
+def agreement_loss(logits: torch.Tensor, peer_probs: torch.Tensor) -> torch.Tensor:
+    """KL(p_bar || p), batch mean: cross-entropy to the peers' (stale) ensemble prediction
+    less its constant entropy. Its gradient in the logits is (p - p_bar) / B, so a descent
+    step moves the agent's prediction toward the peers' mean (co-distillation)."""
+    log_p = torch.nn.functional.log_softmax(logits.float(), -1)
+    q = peer_probs.float()
+    return (q * (q.clamp_min(1e-30).log() - log_p)).sum(-1).mean()
+
+
 def shaped_loss(logits: torch.Tensor, labels: torch.Tensor, peer_probs: torch.Tensor | None,
-                weights: Sequence[float] | None) -> torch.Tensor:
+                weights: Sequence[float] | None, peer_term: str = "diversity",
+                agreement: float = 0.0) -> torch.Tensor:
     """Loss of one supervised agent: the negated reward, with differentiable terms.
 
-        L = CE(p, y) - lambda_n * TV(p, p_bar) + lambda_s * S(p, y)
+        L = CE(p, y) + peer term + lambda_s * S(p, y)
 
     p = softmax(logits); p_bar ([B, C], no gradient) the mean prediction of the frozen peer
-    ensemble on the same batch; TV as in :func:`tv_novelty`; S :func:`soft_overconfident_error`;
-    lambdas from :func:`loss_coefficients` of the scheduled weights. Rewarding disagreement
-    with the others' ensemble is negative correlation learning (Liu & Yao, "Ensemble
-    learning via negative correlation", Neural Networks 1999). Without peers (no fusion
-    round yet, one agent, shaping switched off) or weights, or with zero novelty and safety
-    weights, it is plain cross-entropy.
+    ensemble on the same batch; S :func:`soft_overconfident_error`; lambdas from
+    :func:`loss_coefficients` of the scheduled weights. The peer term (``peer_term``):
+
+    - "agreement": ``+ agreement * KL(p_bar || p)`` (:func:`agreement_loss`), pulling each
+      agent toward its peers' prediction (co-distillation, Anil et al. 2018);
+    - "diversity": ``- lambda_n * TV(p, p_bar)`` (TV as :func:`tv_novelty`), rewarding
+      disagreement with the others' ensemble (negative correlation learning, Liu & Yao,
+      "Ensemble learning via negative correlation", Neural Networks 1999);
+    - "none": no peer term.
+
+    Without peers (no fusion round yet, one agent, shaping switched off) or weights, or
+    with zero peer and safety weights, it is plain cross-entropy.
     """
+    if peer_term not in PEER_TERMS:
+        raise ValueError(f"unknown peer term {peer_term!r}; known: {', '.join(PEER_TERMS)}")
     ce = torch.nn.functional.cross_entropy(logits, labels)
     if weights is None or peer_probs is None:
         return ce
     lam_n, lam_s = loss_coefficients(weights)
+    lam_n = lam_n if peer_term == "diversity" else 0.0
     probs = logits.float().softmax(-1) if lam_n or lam_s else None
     loss = ce
+    if peer_term == "agreement" and agreement:
+        loss = loss + agreement * agreement_loss(logits, peer_probs).to(ce.dtype)
     if lam_n:
         loss = loss - lam_n * tv_novelty(probs, peer_probs.float()).to(ce.dtype)
     if lam_s:

@@ -45,8 +45,15 @@ class RewardSpec(Strict):
     schedule: Literal["constant", "linear", "cosine"] = Field("cosine", description="novelty-weight schedule")
     novelty_boost: Float = Field(0.5, ge=0, le=1, description="novelty weight is x(1+b) at the start, x(1-b) at the end")
     shape_loss: bool = Field(True, description="supervised tasks: the scheduled reward also shapes the training "
-                             "loss (disagreement with the peer ensemble, soft safety rule); RL tasks always "
-                             "optimise the shaped return")
+                             "loss (the peer term below, soft safety rule); RL tasks always optimise the "
+                             "shaped return")
+    peer_term: Literal["agreement", "diversity", "none"] = Field(
+        "agreement", description="supervised tasks' peer term of the shaped loss. agreement: KL(peers' mean "
+        "prediction || own), co-distillation toward the peers' stale ensemble; diversity: minus the novelty "
+        "weight x TV to the peers' mean (pushes agents apart); none: no peer term, no peer forwards")
+    agreement_weight: Float = Field(0.5, ge=0, le=100, description="weight of the agreement term at the end "
+                                    "of training; it ramps up from 0 along the schedule (ratio to the "
+                                    "cross-entropy's unit weight)")
 
 
 class AllocationSpec(Strict):

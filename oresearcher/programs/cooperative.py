@@ -65,7 +65,7 @@ from ..cooperation.fusion import fuse, group_weights
 from ..ops import Compute, StepDone
 from ..cooperation.outer import OuterNesterov
 from ..cooperation.replay import PrioritizedReplay
-from ..cooperation.rewards import scheduled_weights
+from ..cooperation.rewards import agreement_weight, scheduled_weights
 from .cooperative_hosted import hosted_program
 from .cooperative_round import (  # noqa: F401 (GroupState, LoopState, ... importable from here too)
     GroupState, LoopState, _exploit_optimizer_state, _finite_buckets, _gen, _healthy_average, arch_group, arch_ids,
@@ -236,6 +236,15 @@ def _resumed(ctx, learner, loop, rounds) -> None:
         learner.set_reward_weights(scheduled_weights(sc.agents.reward_weights, loop.round / len(rounds),
                                                      sc.cooperation.rewards.schedule,
                                                      sc.cooperation.rewards.novelty_boost))
+    if loop.round:
+        _set_peer_term(learner, sc.cooperation.rewards, loop.round / len(rounds))
+
+
+def _set_peer_term(learner, rewards, progress: float) -> None:
+    """The shaped loss's peer term and the agreement weight at ``progress``."""
+    if hasattr(learner, "set_peer_term"):
+        learner.set_peer_term(rewards.peer_term, agreement_weight(rewards.agreement_weight, progress,
+                                                                  rewards.schedule))
 
 
 def _current_lr(learner) -> float:
@@ -262,6 +271,7 @@ def _round_end(ctx, learner, st, alloc, outer, swa, ids, pad_to, losses, progres
     weights = scheduled_weights(sc.agents.reward_weights, progress, cfg.rewards.schedule, cfg.rewards.novelty_boost)
     if hasattr(learner, "set_reward_weights"):
         learner.set_reward_weights(weights)
+    _set_peer_term(learner, cfg.rewards, progress)
     members = [i for i, a in enumerate(ids) if a == ids[rank]]
     me = members.index(rank)
     numel = learner.arch_numel(ids[rank]) if hasattr(learner, "arch_numel") else learner.numel
@@ -273,7 +283,8 @@ def _round_end(ctx, learner, st, alloc, outer, swa, ids, pad_to, losses, progres
         raise D.AllExcluded(D.excluded_message(f"round {st.round}", n, "agents have a non-finite or diverging "
                                                "loss", sc.training.lr))
     rel, rew = round_rewards(pub, weights)
-    if cfg.rewards.shape_loss and hasattr(learner, "set_peers"):  # the peer ensemble of the shaped loss
+    if cfg.rewards.shape_loss and cfg.rewards.peer_term != "none" and hasattr(learner, "set_peers"):
+        # the peer ensemble of the shaped loss (its forwards are charged in fwd_flops)
         peers = [(ids[j], flats[j]) for j in range(n) if j != rank and not bool(pub.excluded[j])]
         yield Compute(learner.set_peers, peers, name="peer_snapshot")
     st.rewards.append([float(x) for x in rew])

@@ -29,7 +29,7 @@ fusion round's parameter all-gather the program hands the agent a frozen snapsho
 other (healthy) agents' parameters (``set_peers``) and the scheduled reward weights
 (``set_reward_weights``); its local steps then minimise
 :func:`oresearcher.cooperation.rewards.shaped_loss` against the peers' mean prediction on the same
-batch. Each peer forward pass is charged: ``fwd_flops`` grows by the measured forward
+batch, with the peer term the program sets (``set_peer_term``). Each peer forward pass is charged: ``fwd_flops`` grows by the measured forward
 FLOPs of each peer's architecture on one batch. No snapshot (first round, one agent,
 shaping off): plain cross-entropy.
 
@@ -228,6 +228,7 @@ class DigitsLearner(TorchLearner):
         self.shared_replay, self._per_sample = None, None
         self.base_fwd_flops, self._x_probe, self._peer_fwd = float(fwd), X[:batch].to(self.device, dtype), {}
         self.reward_weights, self.peers, self._peer_params = None, [], []
+        self.peer_term, self.agreement = "diversity", 0.0  # the program sets the scenario's (set_peer_term)
         Xv = splits["val"][0].to(self.device, dtype)
         self.eval_flops = float(measure_module(self._module_for(arch), (Xv,), lambda o: o.sum())[0])
 
@@ -249,6 +250,11 @@ class DigitsLearner(TorchLearner):
     def set_reward_weights(self, weights) -> None:
         """Scheduled (w_base, w_novelty, w_safety) for the next local steps (None: plain CE)."""
         self.reward_weights = None if weights is None else tuple(float(w) for w in weights)
+
+    def set_peer_term(self, term: str, agreement: float) -> None:
+        """The shaped loss's peer term (oresearcher.cooperation.rewards.shaped_loss) and the
+        agreement term's current weight."""
+        self.peer_term, self.agreement = term, float(agreement)
 
     def set_peers(self, peers) -> None:
         """Freeze the peer ensemble: ``[(arch, flat params)]`` of the other agents, taken
@@ -291,7 +297,7 @@ class DigitsLearner(TorchLearner):
             self._task_loss = None
             return F.cross_entropy(logits, y)
         self._task_loss = float(F.cross_entropy(logits.detach(), y))  # what the curve shows
-        return shaped_loss(logits, y, self.peer_probs(x), self.reward_weights)
+        return shaped_loss(logits, y, self.peer_probs(x), self.reward_weights, self.peer_term, self.agreement)
 
     def private_loss_fn(self, module, batch):
         """The loss of :meth:`_shaped_loss` without recording the task loss (``vmap``
@@ -299,7 +305,7 @@ class DigitsLearner(TorchLearner):
         x, y = batch
         if self.reward_weights is None or not self._peer_params:
             return _loss(module, batch)
-        return shaped_loss(module(x), y, self.peer_probs(x), self.reward_weights)
+        return shaped_loss(module(x), y, self.peer_probs(x), self.reward_weights, self.peer_term, self.agreement)
 
     def forward_backward(self) -> dict:
         """The step's loss, and its plain cross-entropy as ``task_loss`` (the same number
