@@ -24,6 +24,7 @@ from . import yamlsafe
 from .cooperation.spec import CooperationSpec, DistillSpec
 from .errors import UserError, short
 from .fault_spec import FaultsSpec
+from .convergence_spec import ConvergenceSpec
 from .scenario_cluster import ClusterSpec, check_profiles
 from .scenario_fsdp import check_fsdp, check_role_mix
 from .tasks.finance_spec import FinanceSpec
@@ -180,6 +181,8 @@ class Scenario(Strict):
     faults: FaultsSpec = Field(default_factory=FaultsSpec, description="simulated faults (oresearcher.fault_spec)")
     distill: DistillSpec = Field(default_factory=DistillSpec)
     finance: FinanceSpec = Field(default_factory=FinanceSpec)
+    convergence: Optional[ConvergenceSpec] = Field(None, description="predict the loss at scale "
+                                                   "(oresearcher.convergence_spec); absent: no prediction")
     _source: Optional[Path] = PrivateAttr(None)
 
     @field_validator("name", mode="before")
@@ -272,7 +275,10 @@ class Scenario(Strict):
         return self.agents.count
 
     def resolved(self) -> dict:
-        return self.model_dump(mode="json")
+        data = self.model_dump(mode="json")
+        if data.get("convergence") is None:  # absent: reports of scenarios without it stay as they were
+            data.pop("convergence", None)
+        return data
 
 
 def parse_override(text: str, flag: str = "--set") -> tuple[list[str], Any]:
