@@ -46,8 +46,10 @@ def test_helpers():
     assert round_lengths(24, 6) == [6] * 4 and round_lengths(25, 10) == [10, 10, 5]
     assert step_cost("optimizer", "sam") == 2 and step_cost("optimizer", "swa") == 1 and step_cost("explorer", "sam") == 1
     assert arch_group(["a", "a", "b", "b"], 2) == (2, 3) and arch_group(["a"] * 3, 0) is None
-    assert initial_lr_mult(0, 4, 0.2) == initial_lr_mult(0, 4, 0.2)
-    assert all(math.exp(-0.2) <= m <= math.exp(0.2) for m in initial_lr_mult(3, 8, 0.2))
+    assert initial_lr_mult(0, 4, (0.1, 10.0)) == initial_lr_mult(0, 4, (0.1, 10.0))
+    lrs, knobs = initial_lr_mult(3, 8, (0.1, 10.0), (0.5, 2.0))
+    assert all(0.1 <= m <= 10.0 for m in lrs) and all(0.5 <= m <= 2.0 for m in knobs)
+    assert initial_lr_mult(3, 4, (1.0, 1.0)) == ([1.0] * 4, [1.0] * 4)  # PBT's sampling off
 
 
 def _recorder(log):

@@ -152,3 +152,25 @@ def test_validator_reports_round_trip_and_flags():
     assert R.flag_agents(torch.tensor([1.0, math.inf, 1.0]), torch.ones(3), 3.0).tolist() == [False, True, False]
     none = R.decode_reports([R.encode_report(None, 2, 0.1)] * 2, 2, 3.0)
     assert none.columns == {} and none.excluded.tolist() == [False, False]
+
+
+@given(seed=st.integers(0, 2**31), n=st.integers(1, 16), lo=st.floats(1e-3, 10.0),
+       span=st.floats(1.0, 1e4))
+@settings(max_examples=80, deadline=None)
+def test_pbt_sampling_covers_its_range_and_stays_in_bounds(seed, n, lo, span):
+    hi = min(1e3, lo * span)
+    xs = R.log_uniform_strata(n, lo, hi, torch.Generator().manual_seed(seed))
+    assert len(xs) == n and all(lo <= x <= hi for x in xs)
+    if hi > lo * (1 + 1e-9):  # one value in each of the n equal log strata: the whole range is covered
+        width = (math.log(hi) - math.log(lo)) / n
+        t = sorted((math.log(x) - math.log(lo)) / width for x in xs)  # stratum k holds t in [k, k + 1)
+        assert all(k - 1e-6 <= tk <= k + 1 + 1e-6 for k, tk in enumerate(t))
+        assert min(xs) <= lo * math.exp(width) * (1 + 1e-9) and max(xs) >= hi * math.exp(-width) * (1 - 1e-9)
+    g = torch.Generator().manual_seed(seed)
+    for x in xs:  # the explore step keeps a multiplier in the range too
+        assert lo <= R.pbt_perturb(x, g, (lo, hi), (0.5, 2.0)) <= hi
+
+
+def test_pbt_sampling_refuses_an_empty_range():
+    with pytest.raises(ValueError, match="0 < lo <= hi"):
+        R.log_uniform_strata(4, 2.0, 1.0, torch.Generator())

@@ -2,9 +2,9 @@
 
 - **explorer**: high-risk, high-return steps. Learning rate x ``explorer_lr_scale``; after
   every fusion round Gaussian parameter noise and a PBT explore step that multiplies its
-  learning-rate multiplier by 0.8 or 1.2 (Jaderberg et al., "Population Based Training of
-  Neural Networks", 2017); where the task samples actions, epsilon/temperature x
-  ``explorer_epsilon_scale``.
+  learning-rate and knob multipliers by 1/f or f (Jaderberg et al., "Population Based
+  Training of Neural Networks", 2017); where the task samples actions,
+  epsilon/temperature x ``explorer_epsilon_scale``.
 - **optimizer**: seeks flat regions of the loss. Sharpness-Aware Minimization (Foret et
   al., ICLR 2021): ascend to w + rho g/||g||, take the gradient there, step from w; two
   forward-backward passes on one batch, so a SAM step costs 2 compute units. Or SWA
@@ -19,8 +19,11 @@ function of the gathered scores): task difficulty d in [0, 1] is the mean of the
 validation-loss plateau degree and the relative spread of agent scores; the agents that
 are not validators become explorers in proportion to d (harder -> more explorers), the
 best-scoring ones stay optimizers (refine what works), the worst explore; at least one
-validator always. PBT exploit: the bottom ``exploit_fraction`` of each architecture
-group copies the weights and learning rate of the top. Every switch carries its reason.
+validator always. PBT: every agent starts from its own learning-rate and role-knob
+multipliers, sampled log-uniformly over the scenario's ranges (:func:`log_uniform_strata`);
+every round the bottom ``exploit_fraction`` of each architecture group copies the weights,
+optimizer state and multipliers of the top (truncation selection) and perturbs them.
+Every switch carries its reason.
 """
 from __future__ import annotations
 
@@ -161,10 +164,24 @@ def exploit_pairs(scores, excluded, arch_ids: Sequence, fraction: float) -> list
     return pairs
 
 
-def pbt_perturb(lr_mult: float, generator: torch.Generator) -> float:
-    """PBT explore: multiply by 0.8 or 1.2 (a fair coin from ``generator``), kept in bounds."""
-    f = PBT_FACTORS[int(torch.randint(2, (1,), generator=generator))]
-    return min(LR_MULT_BOUNDS[1], max(LR_MULT_BOUNDS[0], lr_mult * f))
+def pbt_perturb(lr_mult: float, generator: torch.Generator, bounds: Sequence[float] = LR_MULT_BOUNDS,
+                factors: Sequence[float] = PBT_FACTORS) -> float:
+    """PBT explore: multiply by one of ``factors`` (a fair coin from ``generator``), kept in ``bounds``."""
+    f = factors[int(torch.randint(len(factors), (1,), generator=generator))]
+    return min(bounds[1], max(bounds[0], lr_mult * f))
+
+
+def log_uniform_strata(n: int, lo: float, hi: float, generator: torch.Generator) -> list[float]:
+    """``n`` values log-uniform over [lo, hi], one in each of n equal log-width strata
+    (Latin-hypercube sampling in one dimension: a small population still covers the whole
+    range, which is where PBT's robustness to a mis-set hyperparameter comes from,
+    Jaderberg et al. 2017); which agent gets which stratum is a seeded permutation."""
+    if not 0 < lo <= hi:
+        raise ValueError(f"range [{lo}, {hi}] must satisfy 0 < lo <= hi")
+    a, b = math.log(lo), math.log(hi)
+    u = torch.rand(n, generator=generator, dtype=torch.float64)
+    order = torch.randperm(n, generator=generator)
+    return [min(hi, max(lo, math.exp(a + (b - a) * (int(order[i]) + float(u[i])) / n))) for i in range(n)]
 
 
 def param_noise(flat: torch.Tensor, rel_std: float, generator: torch.Generator) -> torch.Tensor:

@@ -21,11 +21,27 @@ class RolePolicySpec(Strict):
     explorer_epsilon_scale: Float = Field(2.0, ge=1, le=100, description="explorer epsilon/temperature multiplier (>= 1)")
     optimizer_method: Literal["sam", "swa"] = Field("sam", description="optimizer role: SAM (2 passes/step) or SWA")
     sam_rho: Float = Field(0.05, gt=0, le=10, description="SAM neighbourhood radius (L2 norm of the perturbation)")
-    exploit_fraction: Float = Field(0.2, ge=0, le=0.5, description="PBT exploit: bottom fraction copies the top (0..0.5)")
+    exploit_fraction: Float = Field(0.25, ge=0, le=0.5, description="PBT truncation selection every round: the "
+                                    "bottom fraction copies the top's weights, optimizer state and multipliers (0..0.5)")
     plateau_rounds: Int = Field(2, ge=1, le=1000, description="rounds over which validation-loss plateau is judged")
     plateau_tol: Float = Field(0.01, ge=0, le=1, description="relative val-loss improvement below which it is a plateau")
     divergence_factor: Float = Field(3.0, gt=1, le=1e6, description="flag an agent whose val loss exceeds this x the median")
-    lr_jitter: Float = Field(0.2, ge=0, le=3, description="initial per-agent lr multiplier exp(U(-j, j)) (heterogeneity)")
+    lr_range: tuple[Float, Float] = Field((0.1, 10.0), description="[lo, hi]: initial per-agent lr multipliers, "
+                                          "log-uniform over the range (one per equal log stratum); PBT's "
+                                          "perturbations stay in it (ratios to training.lr, 0.001..1000)")
+    knob_range: tuple[Float, Float] = Field((0.5, 2.0), description="[lo, hi]: initial per-agent multipliers of "
+                                            "the role's own knob (explorer_noise, sam_rho), log-uniform like "
+                                            "lr_range, perturbed like it (ratios, 0.001..1000)")
+    perturb_factor: Float = Field(1.25, ge=1, le=10, description="PBT explore: a multiplier is multiplied by "
+                                  "1/f or f (a fair coin) after an exploit and every round for explorers (ratio)")
+
+    @model_validator(mode="after")
+    def _ranges(self):
+        for name in ("lr_range", "knob_range"):
+            lo, hi = getattr(self, name)
+            if not 1e-3 <= lo <= hi <= 1e3:
+                raise ValueError(f"{name}: [{lo}, {hi}] must satisfy 0.001 <= lo <= hi <= 1000")
+        return self
 
 
 class FusionSpec(Strict):

@@ -85,7 +85,7 @@ def _role_lr(cfg, role: str, lr_mult: float, base_lr: float) -> float:
 
 # ---- the pieces of a round (generators of ops) ----------------------------------------
 
-def train_step(ctx, learner, role, cfg, share_group, share, codec, privacy=None, step=0, timer=None):
+def train_step(ctx, learner, role, cfg, share_group, share, codec, privacy=None, step=0, timer=None, knob=1.0):
     """One local step of ``role``; gradients averaged over ``share_group`` if ``share``.
     With ``privacy`` every step's gradient is DP-SGD's (oresearcher.cooperation.privacy), noised
     before the codec compresses it. ``training.on_divergence: stop`` checks the loss and
@@ -95,7 +95,8 @@ def train_step(ctx, learner, role, cfg, share_group, share, codec, privacy=None,
         metrics = yield Compute(P.private_forward_backward, learner, privacy, name="dp_fwd_bwd",
                                 flops=P.private_step_flops(flops, privacy.batch, learner.numel))
     elif role == "optimizer" and cfg.roles.optimizer_method == "sam":
-        metrics = yield Compute(R.sam_forward_backward, learner, cfg.roles.sam_rho, flops=2 * flops, name="sam_fwd_bwd")
+        metrics = yield Compute(R.sam_forward_backward, learner, cfg.roles.sam_rho * knob, flops=2 * flops,
+                                name="sam_fwd_bwd")
     else:
         metrics = yield Compute(learner.forward_backward, flops=flops, name="fwd_bwd")
     if D.policy(ctx.scenario) == "stop" and ctx.numeric:
@@ -126,8 +127,9 @@ def cooperative(ctx, learner):
     share_group = arch_group(ids, rank)
     members = share_group or tuple(range(n))
     pad_to = max((learner.arch_numel(a) if hasattr(learner, "arch_numel") else learner.numel) for a in ids)
-    st = ctx.register("group", GroupState(R.initial_roles(n, sc.agents.roles, cfg.roles.policy),
-                                          initial_lr_mult(sc.seed, n, cfg.roles.lr_jitter)))
+    lr_mult, knob_mult = initial_lr_mult(sc.seed, n, cfg.roles.lr_range, cfg.roles.knob_range)
+    st = ctx.register("group", GroupState(R.initial_roles(n, sc.agents.roles, cfg.roles.policy), lr_mult,
+                                          knob_mult=knob_mult))
     alloc = ctx.register("allocation", AllocationState(n, cfg.allocation.temperature, cfg.allocation.floor,
                                                        cfg.allocation.enabled))
     rounds = round_lengths(ctx.steps, sc.communication.interval)
@@ -168,11 +170,12 @@ def cooperative(ctx, learner):
             share = (sc.communication.gradient_sharing and len(members) > 1 and s < shared_steps
                      and s % sc.communication.share_every == 0)
             if budget is None:
-                metrics = yield from train_step(ctx, learner, role, cfg, share_group, share, codec, privacy, step)
+                metrics = yield from train_step(ctx, learner, role, cfg, share_group, share, codec, privacy, step,
+                                                knob=st.knob_mult[rank])
             else:  # time-balanced sharing and the rung's codec
                 share = sc.communication.gradient_sharing and len(members) > 1 and budget.share_at(s)
                 metrics = yield from train_step(ctx, learner, role, cfg, share_group, share, budget.codec, privacy,
-                                                step, timer=budget.timer)
+                                                step, timer=budget.timer, knob=st.knob_mult[rank])
             losses.append(metrics.get("loss", float("nan")))
             if replay is not None and s < world_steps and (s + 1) % cfg.replay.sync_every == 0:
                 yield from RS.share(replay, replay.message_numel)
@@ -301,7 +304,8 @@ def _round_end(ctx, learner, st, alloc, outer, swa, ids, pad_to, losses, progres
     if outer is not None:
         new = yield Compute(outer.step, new, name="outer_step")
     if st.roles[rank] == "explorer":
-        new = yield Compute(R.param_noise, new, cfg.roles.explorer_noise, _gen(sc.seed, st.round, rank),
+        new = yield Compute(R.param_noise, new, cfg.roles.explorer_noise * st.knob_mult[rank],
+                            _gen(sc.seed, st.round, rank),
                             flops=2.0 * numel, name="explore_noise")
     yield Compute(learner.set_flat_params, new, name="unpack")
     yield from _exploit_optimizer_state(ctx, learner, pairs)
@@ -335,8 +339,8 @@ def _decide(ctx, st, pub, rel, rew, ids) -> dict:
     info, source, pairs = {}, rank, []
     if cfg.roles.policy == "dynamic":
         pairs = R.exploit_pairs(rew, pub.excluded, ids, cfg.roles.exploit_fraction)
-        for loser, winner in pairs:
-            st.lr_mult[loser] = st.lr_mult[winner]
+        for loser, winner in pairs:  # truncation selection: weights, optimizer state, multipliers
+            st.lr_mult[loser], st.knob_mult[loser] = st.lr_mult[winner], st.knob_mult[winner]
             if loser == rank:
                 source = winner
                 info["exploit_from"] = float(winner)
@@ -352,10 +356,15 @@ def _decide(ctx, st, pub, rel, rew, ids) -> dict:
             if sw.rank == rank:
                 log.info("agent %d: role %s -> %s (%s)", rank, sw.old, sw.new, sw.reason)
                 info["role_switch"] = f"{sw.old}->{sw.new}: {sw.reason}"
-    for i in range(n):  # PBT explore: explorers' lr multipliers take a 0.8/1.2 step
-        if st.roles[i] == "explorer":
-            st.lr_mult[i] = R.pbt_perturb(st.lr_mult[i], _gen(sc.seed, st.round, n + i))
+    losers = {loser for loser, _ in pairs}
+    f = cfg.roles.perturb_factor
+    for i in range(n):  # PBT explore: who just copied a winner, and explorers every round
+        if i in losers or st.roles[i] == "explorer":
+            g = _gen(sc.seed, st.round, n + i)
+            st.lr_mult[i] = R.pbt_perturb(st.lr_mult[i], g, cfg.roles.lr_range, (1 / f, f))
+            st.knob_mult[i] = R.pbt_perturb(st.knob_mult[i], g, cfg.roles.knob_range, (1 / f, f))
     info["next_role"] = float(R.ROLE_CODES[st.roles[rank]])
+    info.update(lr_mult=float(st.lr_mult[rank]), knob_mult=float(st.knob_mult[rank]))  # the next round's
     info["_source"], info["_pairs"] = source, pairs
     return info
 

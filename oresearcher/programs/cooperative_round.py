@@ -30,13 +30,19 @@ class GroupState:
     val_losses: list = field(default_factory=list)  # best healthy val loss per round
     rewards: list = field(default_factory=list)  # per round, one per agent
     round: int = 0
+    knob_mult: list = None  # per agent, multiplies its role's own knob (explorer_noise, sam_rho)
+
+    def __post_init__(self):
+        if self.knob_mult is None:
+            self.knob_mult = [1.0] * len(self.roles)
 
     def state_dict(self) -> dict:
-        return {"roles": list(self.roles), "lr_mult": list(self.lr_mult), "val_losses": list(self.val_losses),
-                "rewards": [list(r) for r in self.rewards], "round": self.round}
+        return {"roles": list(self.roles), "lr_mult": list(self.lr_mult), "knob_mult": list(self.knob_mult),
+                "val_losses": list(self.val_losses), "rewards": [list(r) for r in self.rewards], "round": self.round}
 
     def load_state_dict(self, state: dict) -> None:
         self.roles, self.lr_mult = list(state["roles"]), list(state["lr_mult"])
+        self.knob_mult = list(state.get("knob_mult", [1.0] * len(self.roles)))  # older checkpoints: none
         self.val_losses, self.rewards = list(state["val_losses"]), [list(r) for r in state["rewards"]]
         self.round = int(state["round"])
 
@@ -80,10 +86,11 @@ def step_cost(role: str, method: str) -> int:
     return 2 if role == "optimizer" and method == "sam" else 1
 
 
-def initial_lr_mult(seed: int, n: int, jitter: float) -> list[float]:
-    """Per-agent lr multipliers exp(U(-j, j)) (heterogeneous hyperparameters), seeded."""
+def initial_lr_mult(seed: int, n: int, lr_range, knob_range=(1.0, 1.0)) -> tuple[list[float], list[float]]:
+    """PBT's initial population: per-agent (lr multipliers, role-knob multipliers), each
+    log-uniform over its range, one per stratum (:func:`oresearcher.cooperation.roles.log_uniform_strata`), seeded."""
     g = torch.Generator().manual_seed(derive(seed, 17, prime=SMALL))
-    return [float(math.exp(jitter * (2 * float(torch.rand((), generator=g)) - 1))) for _ in range(n)]
+    return R.log_uniform_strata(n, *lr_range, g), R.log_uniform_strata(n, *knob_range, g)
 
 
 def _gen(seed: int, rnd: int, agent: int) -> torch.Generator:
