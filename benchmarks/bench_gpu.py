@@ -1,4 +1,4 @@
-"""Everything issue 11 asks of a GPU machine, in one run (< 5 minutes on one H200), one table.
+"""Every GPU target of the project in one run (< 5 minutes on one H200), one table.
 
     python benchmarks/bench_gpu.py                  # on a GPU machine: the whole check
     python benchmarks/bench_gpu.py --skip-tests     # without the pytest part

@@ -1,11 +1,11 @@
-"""The roofline compute model against measured steps: the H200 figures of issue 11 and,
+"""The roofline compute model against measured steps: the figures of one H200 probe and,
 on this machine, gpt-tiny / gpt-small-cpu.
 
     OMP_NUM_THREADS=1 python benchmarks/bench_roofline.py             # GPU table + CPU check
     OMP_NUM_THREADS=1 python benchmarks/bench_roofline.py --no-cpu    # GPU table only (no timing)
 
 GPU: fwd + bwd + AdamW of one step, 8 x 2048 tokens, bf16, activation checkpointing, one
-H200, as measured by a probe in issue 11 (steady state, data excluded): gpt-125m 77 ms,
+H200, as measured by a probe (steady state, data excluded): gpt-125m 77 ms,
 gpt-1.3b 393 ms. The profile's constants come from vendor specs and published kernel
 rates (sim/profiles/H200.yaml), not from these two numbers. The probe ran the learner
 of that time (bf16 parameters and bf16 AdamW state); the roofline prices today's mixed

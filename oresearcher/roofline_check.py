@@ -1,4 +1,4 @@
-"""The roofline model against a measured training step on this CPU (issue 11's CPU check).
+"""The roofline model against a measured training step on this CPU (the CPU check).
 
     OMP_NUM_THREADS=1 python -m oresearcher.roofline_check            # gpt-tiny and gpt-small-cpu
 

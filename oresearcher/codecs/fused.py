@@ -1,7 +1,7 @@
 """The fused codec path: Triton kernels for CUDA tensors, the eager path as reference.
 
 Eager torch runs about eight small kernels per int8 chunk pass (0.02-0.12x the speed of
-a device copy on an H200, issue 11); one Triton kernel reads the input once and writes
+a device copy, measured on an H200); one Triton kernel reads the input once and writes
 the payload once. Selection (:func:`applies`): CUDA float32 tensors, when ``triton``
 imports and ``ORESEARCHER_TRITON`` is not ``0``; everything else, and every case a
 kernel does not cover (float64, int8 chunks over ``MAX_CHUNK``), runs the eager path,

@@ -31,7 +31,7 @@ estimate unbiased: ``E[decode] = x``.
 
 Index streams: on CPU the indices come from ``torch.randint`` on a CPU generator seeded
 with the stream seed (63 bits). On CUDA they are generated on the device (drawing them on
-the host and copying them cost 27.5 ms at 256M elements on an H200, issue 11): index
+the host and copying them cost 27.5 ms at 256M elements, measured on an H200): index
 ``i`` is ``splitmix64(seed + (i+1) * 0x9E3779B97F4A7C15) >> 1`` mod ``d``
 (:func:`hash_indices`; bias below ``d / 2**63``), by a Triton kernel fused with the
 gather where Triton runs, else by the same integer arithmetic in torch. Such payloads
@@ -39,7 +39,7 @@ carry the seed with its top bit set, so any receiver, on any device, regenerates
 stream the sender used.
 
 On CUDA ``topk:R:approx`` runs exact ``torch.topk``: there it is the faster of the two
-(0.67 ms against 0.81 ms at 1% of 25M elements on an H200, issue 11), and exact top-k
+(0.67 ms against 0.81 ms at 1% of 25M elements, measured on an H200), and exact top-k
 meets approx's promises (``k' = k``).
 """
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The simulator prices compressed collectives with the bytes the codec library promises,
-and shows the trade-off of issue 3: at 8 ranks an all-gather of 4x-compressed payloads
+and shows the trade-off of compressed exchanges: at 8 ranks an all-gather of 4x-compressed payloads
 moves as many bytes as a plain ring all-reduce; the two-phase scheme keeps the saving."""
 import pytest
 import torch

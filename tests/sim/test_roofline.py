@@ -1,5 +1,5 @@
 """The roofline compute model: per-op tracing on the meta device, prices by hand, profile
-fields, the engine's pricing hook, and (timed, generous) the CPU check of issue 11."""
+fields, the engine's pricing hook, and (timed, generous) the CPU check against real steps."""
 import pytest
 import torch
 
@@ -106,7 +106,7 @@ def test_simulated_single_step_is_the_roofline_price():
 
 
 def test_cpu_roofline_predicts_a_measured_step():
-    """Issue 11's CPU check: rates measured as calibrate does, then real steps; medians of
+    """The CPU check: rates measured as calibrate does, then real steps; medians of
     5 rounds. The target is 15%; on this shared 2-core host (load average ~9) three runs
     gave +3/-4%, +13/-13% and +19/-9% (gpt-tiny/gpt-small-cpu) with single rounds from
     -33% to +84%, so the bound asserted is 35%."""
