@@ -4,8 +4,10 @@ last step every rank completed.
 Layout under the run directory::
 
     checkpoints/step-00000099/rank-0000.pt     state of rank 0 after step 99
-    checkpoints/step-00000099/rank-0000.json   its manifest: step, rank, world size, and
-                                               the size and SHA-256 of rank-0000.pt
+    checkpoints/step-00000099/rank-0000.json   its manifest: step, rank, world size, the
+                                               run id and scenario hash (the run's
+                                               run.json: backends/rundir.py), and the
+                                               size and SHA-256 of rank-0000.pt
     checkpoints/step-00000099/rank-0001.pt
     checkpoints/step-00000099/rank-0001.json
 
@@ -13,7 +15,9 @@ A file appears under its final name only once it is complete: it is written to a
 temporary name in the same directory, flushed to disk and renamed (rename is atomic on
 POSIX). The manifest is written last, so a rank *holds* a step only once its manifest is
 there; a rank's step is *valid* when the file's size and checksum match the manifest
-(a disk that filled up, a truncated copy, bit rot). A checkpoint step is *complete* when
+(a disk that filled up, a truncated copy, bit rot) and its manifest names this run and
+one of the scenarios it trained (a rank file copied in from another run is a stranger,
+skipped in one line like a damaged one). A checkpoint step is *complete* when
 every rank holds a valid file for it. A resume takes the newest complete step, saying in
 one line which newer ones it skipped and why (``--resume-step N`` asks for one). Ranks
 agree on it by exchanging the steps they hold, so the directory need not be shared
@@ -33,7 +37,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import random
 import re
 from pathlib import Path
@@ -42,7 +45,7 @@ from typing import Iterable, Optional
 import torch
 
 from oresearcher.errors import UserError
-from oresearcher.files import sha256_file
+from oresearcher.files import sha256_file, write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -61,38 +64,47 @@ def manifest_file(root: Path, step: int, rank: int) -> Path:
     return step_dir(root, step) / f"rank-{rank:04d}.json"
 
 
-def _write_atomic(path: Path, write) -> None:
-    """``write(f)`` to a temporary file, fsync, then rename onto ``path``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+def save_atomic(obj, path: Path, root: Optional[Path] = None) -> None:
+    """torch.save to a new temporary file, fsync, then rename onto ``path``
+    (:func:`oresearcher.files.write_atomic`: never through a link)."""
+    write_atomic(path, lambda f: torch.save(obj, f), root=root)
 
 
-def save_atomic(obj, path: Path) -> None:
-    """torch.save to a temporary file, fsync, then rename onto ``path``."""
-    _write_atomic(path, lambda f: torch.save(obj, f))
-
-
-def save_checkpoint(root: Path, step: int, rank: int, world_size: int, state: dict) -> Path:
-    """This rank's file of ``step``, then its manifest (written last: it makes the step held)."""
+def save_checkpoint(root: Path, step: int, rank: int, world_size: int, state: dict,
+                    run: Optional[dict] = None) -> Path:
+    """This rank's file of ``step``, then its manifest (written last: it makes the step held).
+    ``run``: {"run_id", "scenario"} of the run (its run.json), recorded in the manifest."""
     path = rank_file(root, step, rank)
-    save_atomic(state, path)
+    save_atomic(state, path, root=root)
     manifest = {"step": int(step), "rank": int(rank), "world_size": int(world_size),
+                **({"run_id": run["run_id"], "scenario_sha256": run["scenario"]} if run else {}),
                 "files": {path.name: {"bytes": path.stat().st_size, "sha256": sha256_file(path)}}}
-    _write_atomic(manifest_file(root, step, rank), lambda f: f.write(json.dumps(manifest).encode()))
+    write_atomic(manifest_file(root, step, rank), json.dumps(manifest).encode(), root=root)
     return path
 
 
-def invalid(root: Path, step: int, rank: int) -> Optional[str]:
-    """Why ``rank``'s checkpoint of ``step`` cannot be loaded, or None when it is valid."""
+def run_identity(manifest: Optional[dict]) -> Optional[dict]:
+    """{"run_id", "scenario", "scenarios"} from a run manifest (backends/rundir.py): what
+    checkpoints are saved with and checked against; None without a manifest."""
+    if not manifest:
+        return None
+    return {"run_id": manifest["run_id"], "scenario": manifest["scenarios"][-1],
+            "scenarios": list(manifest["scenarios"])}
+
+
+def _stranger(manifest: dict, run: Optional[dict]) -> Optional[str]:
+    if run is None:
+        return None
+    if manifest.get("run_id") != run["run_id"]:
+        return f"it belongs to another run (run id {str(manifest.get('run_id'))[:12]}, this run is {run['run_id'][:12]})"
+    if manifest.get("scenario_sha256") not in run["scenarios"]:
+        return "it was saved under a scenario this run never trained"
+    return None
+
+
+def invalid(root: Path, step: int, rank: int, run: Optional[dict] = None) -> Optional[str]:
+    """Why ``rank``'s checkpoint of ``step`` cannot be loaded, or None when it is valid.
+    ``run`` (:func:`run_identity`): the checkpoint must name this run and one of its scenarios."""
     mpath, path = manifest_file(root, step, rank), rank_file(root, step, rank)
     try:
         manifest = json.loads(mpath.read_text())
@@ -100,9 +112,12 @@ def invalid(root: Path, step: int, rank: int) -> Optional[str]:
         size, digest = int(entry["bytes"]), str(entry["sha256"])
         if manifest["step"] != step or manifest["rank"] != rank:
             return "its manifest names another step or rank"
+        stranger = _stranger(manifest, run)
+        if stranger:
+            return stranger
     except FileNotFoundError:
         return "no manifest (the save did not finish)"
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError):
         return "its manifest is unreadable"
     if not path.is_file():
         return f"{path.name} is missing"
@@ -142,11 +157,11 @@ def newest_complete(root: Path, world_size: int) -> Optional[int]:
     return latest_common(steps_held(root, r) for r in range(world_size))
 
 
-def valid_steps(root: Path, rank: int) -> list[int]:
+def valid_steps(root: Path, rank: int, run: Optional[dict] = None) -> list[int]:
     """Steps ``rank`` holds a valid file for, oldest first; each invalid one is logged in one line."""
     out = []
     for step in steps_held(root, rank):
-        why = invalid(root, step, rank)
+        why = invalid(root, step, rank, run)
         if why is None:
             out.append(step)
         else:
@@ -154,13 +169,13 @@ def valid_steps(root: Path, rank: int) -> list[int]:
     return out
 
 
-def resume_step(root: Path, world_size: int, wanted: Optional[int] = None) -> int:
+def resume_step(root: Path, world_size: int, wanted: Optional[int] = None, run: Optional[dict] = None) -> int:
     """The step to resume from: ``wanted``, or the newest step whose files are valid on
     every rank; newer steps that are not are skipped, one line each. UserError (one line)
     when there is none, or when ``wanted`` is not complete and valid."""
     skipped = []
     for step in [wanted] if wanted is not None else all_steps(root):
-        why = next(((r, w) for r in range(world_size) if (w := invalid(root, step, r))), None)
+        why = next(((r, w) for r in range(world_size) if (w := invalid(root, step, r, run))), None)
         if why is None:
             for note in skipped:
                 log.warning("checkpoint %s", note)
@@ -249,8 +264,10 @@ class Checkpointer:
     """
 
     def __init__(self, root: Path, rank: int, world_size: int, every: int, total_steps: int,
-                 keep: int = 2, store=None, prefix: str = "oresearcher/", meta: Optional[dict] = None):
+                 keep: int = 2, store=None, prefix: str = "oresearcher/", meta: Optional[dict] = None,
+                 run: Optional[dict] = None):
         self.root, self.rank, self.world_size, self.meta = Path(root), rank, world_size, dict(meta or {})
+        self.run = run
         self.every, self.total_steps, self.keep = int(every), int(total_steps), int(keep)
         self.store, self.prefix = store, prefix
 
@@ -262,9 +279,12 @@ class Checkpointer:
         prev = step - 1 if since is None else since
         return (step + 1) // self.every > (prev + 1) // self.every or step + 1 == self.total_steps
 
-    def save(self, step: int, learner, states: dict) -> Path:
+    def save(self, step: int, learner, states: dict, record: Optional[dict] = None) -> Path:
+        """``record``: what the report is written from should the run stop before it is
+        (the final step's checkpoint carries the rank's timeline: backends/worker.py)."""
+        meta = {**self.meta, "record": record} if record is not None else self.meta
         path = save_checkpoint(self.root, step, self.rank, self.world_size,
-                               agent_state(step, self.world_size, learner, states, self.meta))
+                               agent_state(step, self.world_size, learner, states, meta), self.run)
         log.debug("checkpoint step %d -> %s", step, path)
         if self.store is not None:
             self.store.set(f"{self.prefix}ckpt/{self.rank}", str(step))

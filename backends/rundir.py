@@ -1,6 +1,8 @@
 """A run directory's life: who owns it, whether it holds a run, whether that run finished.
 
     <out>/.lock            {"pid", "host", "started"} of the run that owns the directory
+    <out>/run.json         the run manifest: its run id, the hashes of the scenarios it has
+                           trained, and the names it writes (written before anything else)
     <out>/scenario.yaml    the scenario it trains (the truth a resume is checked against)
     <out>/report.json      written last, by rank 0: its presence means the run finished
     <out>/checkpoints/     per-rank checkpoints (oresearcher.backends.checkpoint)
@@ -11,16 +13,24 @@ started at once exactly one wins. A lock left by a process that no longer runs (
 host, pid gone) is stale and taken over with a note; a live one, or one from another
 host (whose pid cannot be checked from here), is refused in one line. A new run into a
 directory that already holds a run is refused unless ``--overwrite``, which removes only
-what a run writes (``RUN_FILES``).
+what the run manifest names (of ``RUN_FILES``; in ``checkpoints/`` only the step folders);
+a non-empty directory with no manifest holds no run of ours and is refused even with
+``--overwrite``: its files were never ours to delete.
+
+Every checkpoint's manifest carries the run id and the scenario hash
+(:mod:`oresearcher.backends.checkpoint`), so a rank file copied in from another run is
+told apart from the run's own and never loaded.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
 import shutil
 import socket
 import time
+import uuid
 from pathlib import Path
 from typing import Optional
 
@@ -30,19 +40,65 @@ log = logging.getLogger(__name__)
 
 LOCK = ".lock"
 REPORT = "report.json"
+MANIFEST = "run.json"
 RUN_FILES = ("scenario.yaml", REPORT, "trace.json", "checkpoints", "tensorboard",
              "summary.png", "timeline.png", "breakdown.png", "curve.png")  # figures: reporting/figures.py
 
 
-def finished(out: Path) -> Optional[dict]:
-    """The finished run's report (rank 0 writes it last), or None when the run is not done."""
-    path = Path(out) / REPORT
-    if not path.is_file():
+def scenario_hash(resolved: dict) -> str:
+    """SHA-256 of what a scenario trains: its resolved fields, less those a resume may
+    change freely (how long, how often to save or evaluate: oresearcher.resume.FREE)."""
+    from oresearcher.resume import FREE, flatten
+
+    kept = {k: v for k, v in flatten(resolved).items() if k not in FREE}
+    return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def read_manifest(out: Path) -> Optional[dict]:
+    """The run manifest of ``out`` ({"run_id", "scenarios", "writes"}), or None when there is
+    none; UserError when it is there but unreadable (a run's identity is not guessed)."""
+    path = Path(out) / MANIFEST
+    if not path.exists() and not path.is_symlink():
         return None
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}  # present but unreadable: still finished; never overwrite it
+        data = json.loads(path.read_text())
+        ok = (isinstance(data, dict) and isinstance(data.get("run_id"), str) and isinstance(data.get("scenarios"), list)
+              and all(isinstance(h, str) for h in data["scenarios"]))
+    except (OSError, ValueError, RecursionError):
+        ok = False
+    if not ok:
+        raise UserError(f"{path}: the run manifest is unreadable; this directory's run cannot be identified "
+                        "(restore the file, or start a new run elsewhere)")
+    return data
+
+
+def write_manifest(out: Path, digest: str) -> dict:
+    """Start ``out``'s manifest (a new run: a fresh run id), or add ``digest`` to the
+    scenarios of the run it holds (a resume that changed the scenario on purpose)."""
+    from oresearcher.files import write_atomic
+
+    data = read_manifest(out) or {"run_id": uuid.uuid4().hex, "scenarios": [], "writes": list(RUN_FILES)}
+    if digest not in data["scenarios"]:
+        data["scenarios"].append(digest)
+    write_atomic(Path(out) / MANIFEST, json.dumps(data, indent=1).encode(), root=out)
+    return data
+
+
+def finished(out: Path) -> Optional[dict]:
+    """The finished run's report (rank 0 writes it last), or None when the run is not done.
+    UserError when a report is there but unreadable: neither finished nor to be overwritten."""
+    path = Path(out) / REPORT
+    if not path.exists() and not path.is_symlink():
+        return None
+    try:
+        report = json.loads(path.read_text())
+        steps = report.get("steps") if isinstance(report, dict) else None
+    except (OSError, ValueError, RecursionError):
+        steps = None
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
+        raise UserError(f"{path} is damaged (not a report of a finished run); move it aside and --resume "
+                        f"{out} again to write it from the checkpoints")
+    return report
 
 
 def pid_alive(pid: int) -> bool:
@@ -115,21 +171,43 @@ def holds_run(out: Path) -> list[str]:
 
 
 def prepare_new(out: Path, overwrite: bool) -> None:
-    """Make ``out`` ready for a new run: refuse a non-empty one unless ``overwrite``."""
+    """Make ``out`` ready for a new run: refuse a non-empty one unless ``overwrite`` and
+    its manifest says a run wrote it; then remove only what that manifest names."""
     held = holds_run(out)
     if not held:
         return
+    shown = ", ".join(held[:4]) + (", ..." if len(held) > 4 else "")
+    manifest = read_manifest(out)
+    if manifest is None:
+        raise UserError(f"{out} holds files that no run wrote ({shown}); a new run needs an empty or new "
+                        "directory (--overwrite replaces only a run's own files)")
     if not overwrite:
-        shown = ", ".join(held[:4]) + (", ..." if len(held) > 4 else "")
         raise UserError(f"{out} already holds a run ({shown}); continue it with --resume {out} "
                         "or replace it with --overwrite")
-    for name in RUN_FILES:
-        path = Path(out) / name
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
-        else:
-            path.unlink(missing_ok=True)
+    for name in set(manifest.get("writes") or ()) & set(RUN_FILES):  # never a name a tampered manifest adds
+        _remove(Path(out) / name, only_steps=name == "checkpoints")
+    (Path(out) / MANIFEST).unlink()
     log.warning("%s: --overwrite removed the earlier run", out)
+
+
+def _remove(path: Path, only_steps: bool) -> None:
+    """Remove a run's entry; a link is removed itself, never what it points to. In
+    ``checkpoints/`` only the step folders a run writes, then the folder if that empties it."""
+    if not path.is_dir() or path.is_symlink():
+        path.unlink(missing_ok=True)
+        return
+    if not only_steps:
+        shutil.rmtree(path)
+        return
+    for step in path.glob("step-*"):
+        if step.is_dir() and not step.is_symlink():
+            shutil.rmtree(step)
+        else:
+            step.unlink()
+    try:
+        path.rmdir()
+    except OSError:
+        pass  # something the run did not write is in there: left as it is
 
 
 def remove_temp_files(out: Path) -> int:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import gc
 import importlib
+import json
 import logging
 import os
 import sys
@@ -158,12 +159,12 @@ def is_comm_error(e: BaseException) -> bool:
 
 
 def _resume_point(out_dir: Path, rank: int, world: int, wanted: Optional[int],
-                  reshard: bool = False) -> tuple[int, dict]:
+                  reshard: bool = False, run: Optional[dict] = None) -> tuple[int, dict]:
     """The step to resume from and this rank's saved state. The local launcher checked
     ``wanted`` already; under torchrun ranks agree on the newest step valid everywhere."""
     if wanted is None:
         held = [None] * world
-        dist.all_gather_object(held, ckpt.valid_steps(out_dir, rank))
+        dist.all_gather_object(held, ckpt.valid_steps(out_dir, rank, run))
         wanted = ckpt.latest_common(held)
     if wanted is None:
         raise UserError(f"{out_dir}: no checkpoint that all {world} ranks completed; nothing to resume")
@@ -258,12 +259,15 @@ def entry_point(main) -> None:
 
 def _train(scenario, opts: RunOptions, rank, world, device, store, prefix, monitor, resume_step=None) -> int:
     out = Path(opts.out_dir)
+    run = _run_identity(store, prefix, rank, out)
     learner = build_learner(scenario, rank, device, opts.learner)
     log.debug("learner built: %d parameters", getattr(learner, "numel", 0))
     start, saved = 0, {}
     if opts.resume:
-        step, saved = _resume_point(out, rank, world, resume_step, reshard=hasattr(learner, "load_sharded"))
+        step, saved = _resume_point(out, rank, world, resume_step, reshard=hasattr(learner, "load_sharded"), run=run)
         start = step + 1
+        if start >= scenario.training.steps:  # trained to the end, stopped before the report
+            return _report_from_checkpoint(saved, step, scenario, opts, rank, world, device, store, prefix, monitor)
         log.info("resuming after step %d from %s", step, ckpt.step_dir(out, step))
     ctx = _context(scenario, rank, world, device, start, saved.get("states", {}))
     program = get_program(scenario.training.strategy)(ctx, learner)
@@ -277,7 +281,11 @@ def _train(scenario, opts: RunOptions, rank, world, device, store, prefix, monit
     total = scenario.training.steps
     saver = ckpt.Checkpointer(out, rank, world, scenario.training.checkpoint_every, total,
                               keep=opts.keep_checkpoints, store=store, prefix=prefix,
-                              meta={"lr": scenario.training.lr})
+                              meta={"lr": scenario.training.lr}, run=run)
+    if opts.tensorboard:  # SummaryWriter opens its files itself: its folders must not lead out of the run
+        from oresearcher.files import no_links_between
+
+        no_links_between(out, out / "tensorboard" / f"agent{rank}" / "events")
     tb = TensorBoard(out, rank) if opts.tensorboard else None
     bar = Progress(total, start, opts.progress) if rank == 0 else None
     prof = make_profiler(out, rank, device) if opts.profile else None
@@ -295,7 +303,10 @@ def _train(scenario, opts: RunOptions, rank, world, device, store, prefix, monit
             if saver.due(boundary, since=last_boundary[0]):
                 if hasattr(learner, "save_sharded"):  # fsdp: DCP first, collectively; then the rank's file
                     learner.save_sharded(ckpt.step_dir(out, boundary))
-                saver.save(boundary, learner, program_states(ctx))
+                # the final step's checkpoint carries what the report is written from
+                record = ({"timeline": tl.part(rank), "start_step": start, "wall_s": time.perf_counter() - wall0}
+                          if boundary + 1 >= total else None)
+                saver.save(boundary, learner, program_states(ctx), record)
             last_boundary[0] = boundary
 
     tl = Timeline(world, keep_spans=max(1000, 200_000 // world))  # rank 0 merges them all
@@ -332,6 +343,43 @@ def _train(scenario, opts: RunOptions, rank, world, device, store, prefix, monit
 
 
 REPORT_WRITTEN = "report_written"
+RUN_IDENTITY = "run_identity"
+
+
+def _run_identity(store, prefix: str, rank: int, out: Path) -> Optional[dict]:
+    """The run's id and scenario hashes (its run.json), read by rank 0 and handed to the
+    others through the store: checkpoints are saved with them and checked against them
+    on every rank, whether or not the run directory is shared between machines."""
+    if rank == 0:
+        from .rundir import read_manifest
+
+        store.set(prefix + RUN_IDENTITY, json.dumps(ckpt.run_identity(read_manifest(out))))
+    return json.loads(store.get(prefix + RUN_IDENTITY))
+
+
+def _report_from_checkpoint(saved: dict, step: int, scenario, opts: RunOptions, rank, world, device, store,
+                            prefix, monitor) -> int:
+    """A run killed after its final checkpoint but before its report (or whose disk
+    filled then): the final step's checkpoints hold every rank's timeline, and the report
+    is written from them, as the uninterrupted run would have written it."""
+    record = saved.get("meta", {}).get("record")
+    have = [None] * world
+    dist.all_gather_object(have, isinstance(record, dict))
+    if not all(have):
+        raise UserError(f"{opts.out_dir}: checkpoint step {step} reaches training.steps={scenario.training.steps} "
+                        f"but was not the final step of its run, so it holds no record to report from; "
+                        f"pass --steps greater than {step + 1} to train longer")
+    parts = [None] * world if rank == 0 else None
+    dist.gather_object(record["timeline"], parts, dst=0)
+    if rank == 0:
+        log.info("training finished at step %d; writing the report from its checkpoints", step)
+        tl = Timeline.merge(parts, keep_spans=max(1000, 200_000 // world))
+        _write_report(tl, scenario, opts, int(record["start_step"]), float(record["wall_s"]), device)
+        store.set(prefix + REPORT_WRITTEN, "1")
+    elif not wait_for_report(store, prefix, monitor):
+        return EXIT_PEER_LOST
+    dist.barrier()
+    return 0
 
 
 def wait_for_report(store, prefix: str, monitor, poll_s: float = 0.05) -> bool:

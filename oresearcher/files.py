@@ -13,3 +13,49 @@ def sha256_file(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def no_links_between(root: Path, path: Path) -> None:
+    """UserError when a folder from ``root`` (exclusive) down to ``path``'s folder is a
+    symbolic link: a run writes inside its directory only, never through a link planted
+    there (a step folder pointing elsewhere would carry its writes out)."""
+    from .errors import UserError
+
+    root, parent = Path(root), Path(path).parent
+    try:
+        rel = parent.relative_to(root)
+    except ValueError:
+        return
+    at = root
+    for part in rel.parts:
+        at = at / part
+        if at.is_symlink():
+            raise UserError(f"{at} is a symbolic link; a run writes only inside its own directory "
+                            "(remove the link)")
+
+
+def write_atomic(path: Path, data, root: Path | None = None) -> None:
+    """Write ``data`` (bytes, or ``data(f)`` writing to a binary file) to ``path`` atomically.
+
+    The temporary file is created new (O_EXCL: a link planted at its name is refused by
+    the kernel, never followed), flushed to disk, then renamed onto ``path``; a rename
+    replaces a link at ``path`` itself, never the file it points to. ``root``: the run
+    directory, whose folders must not be links (:func:`no_links_between`)."""
+    import os
+
+    path = Path(path)
+    if root is not None:
+        no_links_between(root, path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    if tmp.exists() or tmp.is_symlink():  # ours (the pid is in its name), left by an earlier failure
+        tmp.unlink()
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        with os.fdopen(os.open(tmp, flags, 0o644), "wb") as f:
+            data(f) if callable(data) else f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)

@@ -48,9 +48,13 @@ def time_axis(axis) -> None:
 
 
 def _save(fig, path: Path) -> None:
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
+    from oresearcher.files import write_atomic  # a new temp file renamed over path: never through a link
+
+    path = Path(path)
+    try:
+        write_atomic(path, lambda f: fig.savefig(f, dpi=DPI, format=path.suffix.lstrip(".") or "png"))
+    finally:
+        plt.close(fig)
 
 
 def _legend(ax, cats, ncol=None) -> None:

@@ -107,6 +107,44 @@ class Timeline:
         if len(self.spans) < self.keep_spans:
             self.spans.append(Span(rank, cat, name, start, end, wire_bytes, args or {}))
 
+    def share(self, classes) -> None:
+        """Ranks of one class (sim/symmetry.py) share their representative's (the first
+        rank's) totals, step ends and metrics: the engine records those once a class."""
+        for members in classes:
+            rep = members[0]
+            for r in members[1:]:
+                self.totals[r] = self.totals[rep]
+                self.step_ends[r] = self.step_ends[rep]
+                self.metrics[r] = self.metrics[rep]
+
+    def record_group(self, ranks, rep_of, cat: str, name: str, starts: dict, end: float,
+                     wire: dict | None = None, args: dict | None = None) -> None:
+        """:meth:`record` for each of ``ranks`` in order from ``starts[rep_of[r]]`` to
+        ``end`` (spans that start at or after ``end`` are skipped), where a class member
+        (``rep_of[r] != r``) adds only to the run-wide sums and its own wire bytes: it
+        shares its representative's totals (:meth:`share`) and draws no span of its own.
+        The sums add up in the same order as one record per rank would."""
+        wire = wire or {}
+        c = self.collectives[name] if cat == "comm" else None
+        algo = args.get("algorithm") if args else None
+        for r in ranks:
+            rep = rep_of[r]
+            start = starts[rep]
+            if start >= end and cat == "peer_wait":
+                continue
+            w = int(wire.get(r, 0))
+            if rep == r:
+                self.record(r, cat, name, start, end, w, args)
+            elif c is not None:
+                self.wire[r] += w
+                c[0] += 1
+                c[1] += end - start
+                c[2] += w
+                if algo:
+                    self.algorithms[name][algo] += 1
+            elif cat == "peer_wait":
+                self.waits[name] += end - start
+
     def add(self, span: Span) -> None:
         self.record(span.rank, span.cat, span.name, span.start, span.end, span.wire_bytes, span.args)
 
@@ -208,9 +246,8 @@ def _clean(x):
 
 
 def write_json(path: Path, obj) -> None:
-    """Write JSON atomically (temp file then rename), sorted keys: byte-identical reruns."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(_clean(obj), indent=1, sort_keys=True) + "\n")
-    tmp.replace(path)
+    """Write JSON atomically (a new temp file, then rename: never through a link planted
+    at either name), sorted keys: byte-identical reruns."""
+    from oresearcher.files import write_atomic
+
+    write_atomic(Path(path), (json.dumps(_clean(obj), indent=1, sort_keys=True) + "\n").encode())

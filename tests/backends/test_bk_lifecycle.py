@@ -49,12 +49,14 @@ def make_run(tmp_path, steps=STEPS, world=2):
 
     sc = load_scenario(write_scenario(tmp_path / "s.yaml", training={"steps": 20}))
     out = tmp_path / "run"
+    out.mkdir()
+    run = ckpt.run_identity(rundir.write_manifest(out, rundir.scenario_hash(sc.resolved())))
     save_scenario(sc, out)
     learner = make_learner(sc, 0)
     for step in steps:
         for r in range(world):
             state = ckpt.agent_state(step, world, learner, {}, {"lr": sc.training.lr})
-            ckpt.save_checkpoint(out, step, r, world, state)
+            ckpt.save_checkpoint(out, step, r, world, state, run)
     return out
 
 
@@ -324,3 +326,118 @@ def test_a_new_run_into_a_run_directory_refuses_unless_overwrite(tmp_path, capsy
     assert not (out / "checkpoints").exists() and (out / "notes.txt").read_text() == "mine"
     assert not (out / "curve.png").exists()  # no figure of the earlier run beside the new one's
     assert load_scenario(out / "scenario.yaml").agents.count == 4
+
+
+# ---- checkpoints belong to their run -------------------------------------------------------
+def test_a_rank_file_from_another_run_is_skipped_in_one_line(tmp_path, capsys, spawn, empty_cwd):
+    out = make_run(tmp_path)
+    (tmp_path / "other").mkdir()
+    theirs = make_run(tmp_path / "other")  # another run (another run id), same scenario
+    for f in (ckpt.rank_file, ckpt.manifest_file):
+        shutil.copy(f(theirs, 11, 1), f(out, 11, 1))
+    code, _, err = call(["--resume", str(out)], capsys)
+    assert code == "spawned" and spawn[0][-2:] == ["--resume-step", "7"], err
+    assert len(err) == 1 and "checkpoint step 11 skipped: rank 1: it belongs to another run" in err[0], err
+    code, _, err = call(["--resume", str(out), "--resume-step", "11"], capsys)
+    one_error(code, err, "--resume-step 11: rank 1's checkpoint cannot be used: it belongs to another run")
+
+
+def test_a_checkpoint_saved_under_a_scenario_the_run_never_trained_is_skipped(tmp_path, capsys, spawn):
+    out = make_run(tmp_path)
+    m = json.loads(_man(out).read_text())
+    m["scenario_sha256"] = "0" * 64  # same run id, a scenario (seed, lr...) that is not this run's
+    _man(out).write_text(json.dumps(m))
+    code, _, err = call(["--resume", str(out)], capsys)
+    assert code == "spawned" and spawn[0][-2:] == ["--resume-step", "7"], err
+    assert len(err) == 1 and "a scenario this run never trained" in err[0], err
+
+
+def test_an_override_adds_the_new_scenario_to_the_run(tmp_path, capsys, spawn):
+    out = make_run(tmp_path)
+    before = rundir.read_manifest(out)
+    assert call(["--resume", str(out), "--lr", "0.5", "--override"], capsys)[0] == "spawned"
+    after = rundir.read_manifest(out)
+    assert after["run_id"] == before["run_id"] and after["scenarios"][:1] == before["scenarios"]
+    assert after["scenarios"][-1] == rundir.scenario_hash(load_scenario(out / "scenario.yaml").resolved())
+    assert len(after["scenarios"]) == 2 and ckpt.invalid(out, 11, 0, ckpt.run_identity(after)) is None
+
+
+@pytest.mark.parametrize("text", ["{not json", "[]", '{"run_id": 5, "scenarios": []}', ""])
+def test_an_unreadable_run_manifest_is_one_line(tmp_path, capsys, spawn, text):
+    out = make_run(tmp_path)
+    (out / rundir.MANIFEST).write_text(text)
+    code, _, err = call(["--resume", str(out)], capsys)
+    one_error(code, err, "the run manifest is unreadable")
+    assert not spawn
+
+
+# ---- --overwrite removes only what a run wrote ------------------------------------------
+def test_overwrite_refuses_a_directory_no_run_wrote(tmp_path, capsys, spawn, empty_cwd):
+    mine = tmp_path / "mine"
+    (mine / "checkpoints").mkdir(parents=True)
+    (mine / "checkpoints" / "my_model.pt").write_bytes(b"weights")
+    (mine / "tensorboard").mkdir()
+    (mine / "scenario.yaml").write_text("mine")
+    before = tree(mine)
+    sc = write_scenario(tmp_path / "s.yaml")
+    code, _, err = call(["--scenario", str(sc), "--out", str(mine), "--overwrite"], capsys)
+    one_error(code, err, "holds files that no run wrote")
+    assert tree(mine) == before and (mine / "tensorboard").is_dir() and not spawn
+
+
+def test_overwrite_leaves_what_the_run_did_not_write(tmp_path, capsys, spawn):
+    out = make_run(tmp_path)
+    (out / "checkpoints" / "my_model.pt").write_bytes(b"weights")
+    (out / "notes.txt").write_text("mine")
+    outside = tmp_path / "outside.txt"
+    outside.write_text("keep")
+    m = json.loads((out / rundir.MANIFEST).read_text())
+    m["writes"] += ["notes.txt", "../outside.txt"]  # a tampered manifest names files that are not a run's
+    (out / rundir.MANIFEST).write_text(json.dumps(m))
+    old_id = m["run_id"]
+    sc = write_scenario(tmp_path / "s4.yaml", agents={"count": 4})
+    assert call(["--scenario", str(sc), "--out", str(out), "--overwrite"], capsys)[0] == "spawned"
+    assert not list((out / "checkpoints").glob("step-*"))
+    assert (out / "checkpoints" / "my_model.pt").read_bytes() == b"weights"
+    assert (out / "notes.txt").read_text() == "mine" and outside.read_text() == "keep"
+    assert rundir.read_manifest(out)["run_id"] != old_id  # a new run, a new id
+
+
+# ---- never write through a link -----------------------------------------------------------
+def test_writes_replace_links_planted_at_their_names(tmp_path):
+    from oresearcher.reporting.report import write_json
+    from oresearcher.reporting.figures import _save
+    import matplotlib.pyplot as plt
+
+    out, victim = tmp_path / "run", tmp_path / "victim.txt"
+    out.mkdir()
+    victim.write_text("precious")
+    for name in ("report.json", f".report.json.tmp-{os.getpid()}", "summary.png", "scenario.yaml"):
+        (out / name).symlink_to(victim)
+    write_json(out / "report.json", {"steps": 1})
+    _save(plt.figure(), out / "summary.png")
+    save_scenario(load_scenario(write_scenario(tmp_path / "s.yaml")), out)
+    assert victim.read_text() == "precious"
+    for name in ("report.json", "summary.png", "scenario.yaml"):
+        assert not (out / name).is_symlink() and (out / name).stat().st_size > 0
+    assert json.loads((out / "report.json").read_text()) == {"steps": 1}
+
+
+def test_a_linked_step_folder_is_refused_and_nothing_is_written_through_it(tmp_path):
+    out, elsewhere = tmp_path / "run", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    ckpt.step_dir(out, 3).parent.mkdir(parents=True)
+    ckpt.step_dir(out, 3).symlink_to(elsewhere)
+    with pytest.raises(UserError, match="step-00000003 is a symbolic link"):
+        ckpt.save_checkpoint(out, 3, 0, 2, {"x": torch.zeros(1)})
+    assert not list(elsewhere.iterdir())
+
+
+# ---- a damaged report is no finished run ------------------------------------------------------
+@pytest.mark.parametrize("text", ["{not json", "[]", '{"steps": "?"}', '{"steps": 0}', ""])
+def test_a_damaged_report_is_one_line_not_a_finished_run(tmp_path, capsys, spawn, text):
+    out = make_run(tmp_path)
+    (out / "report.json").write_text(text)
+    code, stdout, err = call(["--resume", str(out)], capsys)
+    one_error(code, err, "report.json is damaged")
+    assert "finished" not in stdout and (out / "report.json").read_text() == text and not spawn
