@@ -3,6 +3,7 @@
     python -m oresearcher.sim scenarios/8xA100.yaml
     python -m oresearcher.sim scenarios/8xA100.yaml --out runs/8xA100 --set training.steps=50
     python -m oresearcher.sim scenarios/8xA100.yaml --sweep communication.bucket_size_MB=5,25,100
+    python -m oresearcher.sim scenarios/8xA100.yaml --target-loss 2.6 --sweep training.strategy=ddp,diloco,oresearcher
     python -m oresearcher.sim scenarios/8xA100.yaml --collective-bench all_reduce
     python -m oresearcher.sim scenarios/8xA100.yaml --collective-bench all_reduce \
         --launch single-process --reference tests/data/nccl-oci-spinup-gpu-cluster-a100sxm40-8gpu.csv
@@ -14,6 +15,7 @@ stderr, exit code 2.
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
 import time
 from pathlib import Path
@@ -23,14 +25,15 @@ from rich.table import Table
 
 from oresearcher.reporting import plots
 from oresearcher.reporting.console import console, print_report
-from oresearcher.errors import cli_main
+from oresearcher.errors import UserError, cli_main
 from oresearcher.reporting.progress import ProgressLines
 from oresearcher.reporting.report import write_json
 from oresearcher.scenario import load_scenario, parse_override
 from oresearcher.scenario_files import find_scenario
+from oresearcher.tasks import batch_note
 from oresearcher.reporting.trace import write_trace
 
-from .bench import OPS, bench_png, collective_bench, fmt_size, read_reference, reference_error
+from .bench import OPS, bench_png, bus_factor, collective_bench, fmt_size, read_reference, reference_error
 from .simulate import build_cluster, simulate
 
 
@@ -67,9 +70,12 @@ class _LazyProgress:
 
 def _run_one(args, overrides, label):
     scenario = load_scenario(args.scenario, overrides)
+    if note := batch_note(scenario):
+        console.print(note, highlight=False)
     progress = _LazyProgress(scenario.training.steps, label)
     try:
-        report, tl = simulate(scenario, mode=args.mode, on_step=progress)
+        report, tl = simulate(scenario, mode=args.mode, on_step=progress,
+                              on_note=lambda line: console.print(line, style="dim", highlight=False))
     finally:
         progress.close()
     return scenario, report, tl
@@ -90,6 +96,14 @@ def cmd_simulate(args) -> int:
     plots.timeline_png(tl, out / "timeline.png", title=what)
     plots.breakdown_png(report, out / "breakdown.png", title=f"{what}: time per step")
     extra = " curve.png" if plots.curve_png(report, out / "curve.png") else ""
+    if report.get("convergence"):  # sim/convergence.py: the loss at scale
+        from oresearcher.reporting import convergence_view as cview
+
+        for line in cview.lines(report["convergence"]):
+            console.print(line, highlight=False)
+        if cview.figure([(scenario.training.strategy, report["convergence"])], out / "convergence.png",
+                        f"{scenario.name}: predicted loss"):
+            extra += " convergence.png"
     plots.summary_png(report, tl, out / "summary.png")
     console.print(f"wrote {out}/report.json summary.png timeline.png breakdown.png trace.json{extra}")
     return 0
@@ -109,12 +123,20 @@ def cmd_sweep(args) -> int:
         _, report, _ = _run_one(args, [*args.set, f"{field}={v}"], f"{field}={v}")
         reports.append(report)
     console.print(sweep_table(field, values, reports))
+    conv = all(r.get("convergence") for r in reports)
+    if conv:  # ranked by predicted time to the target loss, not by step time alone
+        from oresearcher.reporting import convergence_view as cview
+
+        console.print(cview.sweep_table(field, values, reports))
     name = load_scenario(args.scenario, args.set).name
     out = Path(args.out or f"runs/{name}")
     keep = ("step_time_s", "compute_time_s", "comm_time_s", "exposed_comm_time_s", "comm_overhead", "wire_bytes_per_step")
     write_json(out / "sweep.json", {"field": field, "values": values,
-                                    "results": [{k: r[k] for k in keep} for r in reports]})
+                                    "results": [{k: r[k] for k in keep if k in r} for r in reports]})
     plots.sweep_png(field, values, reports, out / "sweep.png", title=f"{name}: sweep of {field}")
+    if conv and cview.figure([(str(v), r["convergence"]) for v, r in zip(values, reports)],
+                             out / "convergence.png", f"{name}: predicted loss, sweep of {field}"):
+        console.print(f"wrote {out}/convergence.png")
     console.print(f"wrote {out}/sweep.json sweep.png")
     return 0
 
@@ -144,8 +166,9 @@ def cmd_bench(args) -> int:
     scenario = load_scenario(args.scenario, args.set)
     scenario = scenario.model_copy(update={"agents": scenario.agents.model_copy(
         update={"count": scenario.cluster.world_size, "roles": None, "architectures": []})})
-    refs = [(Path(f).stem, read_reference(f)) for f in args.reference]
     device, topo = build_cluster(scenario)
+    refs = [(Path(f).stem, read_reference(f, bus_factor(args.collective_bench, topo.world_size)))
+            for f in args.reference]
     topo.launch = args.launch
     sizes = sorted({s for _, ref in refs for s, _ in ref}) if refs else None
     op = args.collective_bench
@@ -174,16 +197,50 @@ def cmd_bench(args) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """Flag mistakes are user errors: one line and exit code 2, not argparse's usage block."""
+
+    def error(self, message):
+        raise UserError(f"{message[:300]} (see --help)")
+
+
+def _op(text: str) -> str:
+    """A collective's name as OPS spells it; a near miss gets 'did you mean'."""
+    if text in OPS:
+        return text
+    close = difflib.get_close_matches(text.lower().replace("-", "_"), OPS, n=1, cutoff=0.5)
+    hint = f"did you mean {close[0]}? " if close else ""
+    raise argparse.ArgumentTypeError(f"unknown collective {text[:40]!r}; {hint}known: {', '.join(OPS)}")
+
+
+def check_flags(args) -> None:
+    """Flags that would be ignored or contradict each other, refused one line each: a sweep
+    and a collective benchmark are two different runs; --launch and --reference shape only
+    the benchmark, --mode only a training simulation; --sweep and --set of one field."""
+    if args.collective_bench and args.sweep:
+        raise UserError("--sweep and --collective-bench are two different runs; give one")
+    if args.collective_bench and args.mode:
+        raise UserError("--mode applies to a simulated training run, not to --collective-bench")
+    for flag in ("launch", "reference"):
+        if getattr(args, flag) and not args.collective_bench:
+            raise UserError(f"--{flag} only applies to --collective-bench OP")
+    field = (args.sweep or "").split("=", 1)[0].strip()
+    if field and (same := [s for s in args.set if s.split("=", 1)[0].strip() == field]):
+        raise UserError(f"--sweep {field}=... and --set {same[0]} both set {field}; give one")
+
+
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="python -m oresearcher.sim", description=__doc__.split("\n")[0])
+    p = _Parser(prog="python -m oresearcher.sim", description=__doc__.split("\n")[0])
     p.add_argument("scenario", help="scenario YAML file, e.g. scenarios/8xA100.yaml; from another directory a "
                                     "shipped scenario's name (8xA100) finds it")
     p.add_argument("--out", help="output directory (default runs/<scenario name>)")
     p.add_argument("--set", action="append", default=[], metavar="PATH=VALUE", help="override a scenario field")
     p.add_argument("--sweep", metavar="PATH=V1,V2,...", help="run once per value and compare")
-    p.add_argument("--collective-bench", choices=OPS, metavar="OP", help=f"nccl-tests-style table: {', '.join(OPS)}")
+    p.add_argument("--collective-bench", type=_op, metavar="OP", help=f"nccl-tests-style table: {', '.join(OPS)}")
     p.add_argument("--mode", choices=("shape", "numeric"), help="override simulation.mode")
-    p.add_argument("--launch", choices=("per-process", "single-process"), default="per-process",
+    p.add_argument("--target-loss", type=float, metavar="LOSS", help="predict the time until the loss reaches LOSS "
+                   "(nats per token; sets convergence.target_loss, see oresearcher/convergence_spec.py)")
+    p.add_argument("--launch", choices=("per-process", "single-process"),
                    help="--collective-bench: one process per GPU (torchrun, nccl-tests -g 1; default) or one "
                         "process driving every GPU of a node (nccl-tests -g 8)")
     p.add_argument("--reference", action="append", default=[], metavar="FILE",
@@ -194,7 +251,11 @@ def parse_args(argv):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    check_flags(args)
+    args.launch = args.launch or "per-process"
     args.scenario = str(find_scenario(args.scenario))
+    if args.target_loss is not None:
+        args.set.append(f"convergence.target_loss={args.target_loss!r}")
     console.print(f"scenario file: {args.scenario}", style="dim", highlight=False)
     if args.collective_bench:
         return cmd_bench(args)

@@ -13,6 +13,7 @@ import csv
 import io
 import math
 from pathlib import Path
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -33,29 +34,44 @@ def bus_factor(op: str, n: int) -> float:
     return wire.bus_factor(KINDS[op], n)
 
 
-# The published curves shipped in tests/data (each file's first line names its source) and the
-# cluster each ran on: nodes, GPUs per node, inter-node fabric, NICs per node, launch,
-# and the smallest size the model answers for (a -g 8 run's floor hides the kernel).
+class Reference(NamedTuple):
+    """The cluster a published curve ran on."""
+    nodes: int
+    gpus_per_node: int
+    inter: Optional[str]  # inter-node fabric profile
+    nics_per_node: int
+    launch: str  # per-process (nccl-tests -g 1) or single-process (-g 8)
+    min_size: int  # smallest size the model answers for (a -g 8 run's floor hides the kernel)
+    intra: str = "nvswitch-a100"
+    device: str = "A100-SXM4-80GB"
+
+
+# The published curves shipped in tests/data (copies of the project's NCCL references, each
+# with its source line) and the cluster each ran on. The H100 curve does not say how it was
+# launched, and its small sizes differ by launch mode: it answers from 1 MiB up.
 REFERENCES = {
-    "abci2-intra-anode-job08-a100sxm40-8gpu": (1, 8, None, 1, "per-process", 0),
-    "oci-spinup-gpu-cluster-a100sxm40-8gpu": (1, 8, None, 1, "single-process", 2**20),
-    "oci-spinup-gpu-cluster-61925d8-a100sxm40-2node-roce": (2, 8, "roce-100g", 16, "per-process", 0),
+    "abci2-intra-anode-job08-a100sxm40-8gpu": Reference(1, 8, None, 1, "per-process", 0),
+    "oci-spinup-gpu-cluster-a100sxm40-8gpu": Reference(1, 8, None, 1, "single-process", 2**20),
+    "oci-spinup-gpu-cluster-61925d8-a100sxm40-2node-roce": Reference(2, 8, "roce-100g", 16, "per-process", 0),
+    "azure-ndh100v5-h100sxm80-8gpu-nvls": Reference(1, 8, None, 1, "per-process", 2**20,
+                                                    "nvswitch-h100", "H100-SXM"),
 }
 
 
 def reference_check(name: str, path) -> tuple[list[dict], list[tuple[int, float]], float]:
-    """Simulate the all-reduce sizes of a shipped reference on its A100 cluster:
+    """Simulate the all-reduce sizes of a shipped reference on its cluster:
     (simulated rows, reference rows, error as :func:`reference_error`)."""
     from .hardware import builtin_profiles
     from .topology import build_topology
 
-    nodes, g, inter, nics, launch, lo = REFERENCES[name]
+    r = REFERENCES[name]
     cat = builtin_profiles()
-    topo = build_topology(nodes * g, g, cat["fabric", "nvswitch-a100"], cat["fabric", inter] if inter else None,
-                          nics, launch)
-    ref = read_reference(path)
-    rows = collective_bench(topo, cat["device", "A100-SXM4-80GB"], "all_reduce", [s for s, _ in ref])
-    return rows, ref, reference_error(rows, ref, lo)
+    n = r.nodes * r.gpus_per_node
+    topo = build_topology(n, r.gpus_per_node, cat["fabric", r.intra], cat["fabric", r.inter] if r.inter else None,
+                          r.nics_per_node, r.launch)
+    ref = read_reference(path, bus_factor("all_reduce", n))
+    rows = collective_bench(topo, cat["device", r.device], "all_reduce", [s for s, _ in ref])
+    return rows, ref, reference_error(rows, ref, r.min_size)
 
 
 def fmt_size(nbytes: int) -> str:
@@ -107,10 +123,12 @@ def collective_bench(topo, device, op: str, sizes=None, algorithm: str = "auto")
     return rows
 
 
-def read_reference(path) -> list[tuple[int, float]]:
-    """(size bytes, time us) rows of a published curve: the shipped CSV format
-    (``size_bytes,time_us,...`` after ``#`` comment lines) or raw nccl-tests output
-    (rows of ``size count type redop root time algbw busbw ...``; out-of-place time)."""
+def read_reference(path, busbw_factor: Optional[float] = None) -> list[tuple[int, float]]:
+    """(size bytes, time us) rows of a published curve: a ``size_bytes,time_us,...`` CSV
+    after ``#`` comment lines, as tests/data/nccl-*.csv, or raw nccl-tests output (rows of
+    ``size count type redop root time algbw busbw ...``; out-of-place time). A CSV row that
+    gives only ``busbw_GBps`` is timed as size x ``busbw_factor`` / busbw (nccl-tests'
+    definition), so such a curve needs the op's bus factor on its ranks."""
     p = Path(path)
     if not p.is_file():
         raise UserError(f"{p}: no such reference file")
@@ -119,8 +137,8 @@ def read_reference(path) -> list[tuple[int, float]]:
     if lines and lines[0].startswith("size_bytes"):
         for rec in csv.DictReader(io.StringIO("\n".join(lines))):
             try:
-                rows.append((int(rec["size_bytes"]), float(rec["time_us"])))
-            except (KeyError, TypeError, ValueError):
+                rows.append((int(rec["size_bytes"]), _csv_time_us(rec, busbw_factor, p)))
+            except (KeyError, TypeError, ValueError, ZeroDivisionError):
                 raise UserError(f"{p}: bad row {rec}") from None
     else:
         for ln in lines:
@@ -134,6 +152,14 @@ def read_reference(path) -> list[tuple[int, float]]:
     if not rows:
         raise UserError(f"{p}: no (size, time) rows: expected a size_bytes,time_us CSV or nccl-tests output")
     return rows
+
+
+def _csv_time_us(rec: dict, busbw_factor: Optional[float], p: Path) -> float:
+    if (rec.get("time_us") or "").strip():
+        return float(rec["time_us"])
+    if busbw_factor is None:
+        raise UserError(f"{p}: rows give busbw only; the op's bus factor on its ranks is needed to time them")
+    return int(rec["size_bytes"]) * busbw_factor / (float(rec["busbw_GBps"]) * 1e3)
 
 
 def reference_error(rows: list[dict], ref: list[tuple[int, float]], min_size: int = 0) -> float:

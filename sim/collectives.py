@@ -137,7 +137,11 @@ def _rail_phases(kind, algo, ranks, S, groups, rails, root):
     n = len(ranks)
     flows = []
     for order in _rail_orders(ranks, groups, rails):
-        if algo == "tree":
+        if algo == "nvls":
+            # Through the switch each port carries (n + 1) / n of the buffer each way; a
+            # flow from every rank to the next loads every up and down port by that much.
+            flows += [(order[i], order[(i + 1) % n], N.bus_bytes(kind, algo, S, n) / rails) for i in range(n)]
+        elif algo == "tree":
             # NCCL's tree: a chain inside each node, a binary tree over the chains' heads;
             # every edge carries the reduction up and the broadcast down.
             m = len(groups[0]) if groups else n

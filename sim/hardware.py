@@ -160,6 +160,11 @@ class NcclParams(_Strict):
     kernel_overhead_us: float = Field(ge=0, description="per collective kernel, beyond the tuner's latency, microseconds")
     launch_us: float = Field(ge=0, description="one kernel launch when one process drives all GPUs, microseconds")
     p2p_ll_threshold_bytes: int = Field(16384, ge=0, description="send/recv per peer up to this size use LL")
+    # NVLS (NVLink SHARP): an NVSwitch-3 fabric reduces in the switch (sim/nccl.py). Absent:
+    # the fabric has no NVLS (A100's NVSwitch 2, PCIe).
+    nvls_channels: Optional[int] = Field(None, ge=1, le=64, description="channels NCCL runs NVLS on "
+                                         "(NCCL_NVLS_NCHANNELS); absent: no NVLS")
+    nvls_latency_us: float = Field(0.0, ge=0, description="NVLS start-up in NCCL's tuner table, microseconds")
 
 
 class NcclNetParams(_Strict):

@@ -30,6 +30,20 @@ source; what NCCL's tuner applies on every machine alike (LL's 1/4 of the link, 
 120/128, the tree's 0.9, the ring plateau's x1.9) is part of its algorithm and stays
 here, next to the tuning.cc line it comes from.
 
+- **NVLS** (NVLink SHARP, NVSwitch 3 on HGX H100/H200): the switch reduces. Each GPU
+  scatters its buffer into the switch's multicast memory; one rank per slice (a *head*)
+  loads the slice reduced by the switch (``multimem.ld_reduce``) and stores the result to
+  every GPU at once (``multimem.st``). Per GPU port and direction that is the whole buffer
+  plus the slice it heads: ``(n + 1) / n x S`` (search.cc counts a channel's head twice and
+  every other GPU once), against ``2 (n - 1) / n x S`` for a ring. NCCL's tuner derates
+  the result to 5/6 (tuning.cc; 2.17-2.18 apply 0.75 to the port, the same at n = 8). The
+  kernel is a pipeline over ``channels x heads`` slices of ``chunk`` bytes, the chunk set
+  by the message size (enqueue.cc: 16 KiB below 2 x, 32 KiB below 8 x, 64 KiB below 64 x
+  the 128 KiB x slices bytes); a slice is reduced only once every GPU has scattered its
+  first chunk, so one chunk's time fills the pipeline before the links stream
+  (:func:`nvls_fill`). NCCL runs NVLS inside one node only (across nodes it needs
+  SHARP-capable switches: NVLS-tree, not modelled here), for all-reduce.
+
 Measured constants, and why (in the fabric profile, with their source): NCCL's latency
 table ranks choices and leaves out the kernel's fixed cost; ``kernel_overhead_us`` is
 the published 8-byte latency minus the table's. LL and LL128 channel rates are half of
@@ -47,11 +61,16 @@ from oresearcher import wire
 
 PROTOCOLS = ("LL", "LL128", "Simple")
 US = 1e-6
+# NVLS: the tuner's derating of the links' rate (tuning.cc, "ratio *= 5.0/6.0"), the
+# largest chunk of one slice (enqueue.cc), and the chunk ladder below it.
+NVLS_EFFICIENCY = 5 / 6
+NVLS_MAX_CHUNK = 131072
+NVLS_CHUNK_STEPS = ((64, 65536), (8, 32768), (2, 16384))
 
 
 @dataclass(frozen=True)
 class Choice:
-    algorithm: str  # "ring" or "tree"
+    algorithm: str  # "ring", "tree" or "nvls"
     protocol: str  # one of PROTOCOLS
     channels: int  # channels this message runs on
     threads: int  # threads per channel
@@ -139,15 +158,55 @@ def latency(kind: str, algo: str, proto: str, n: int, nodes: int, p, net=None, n
     return (local + net_part + (0.0 if tuner else p.kernel_overhead_us)) * US
 
 
-def candidates(kind: str, nodes: int) -> tuple[str, ...]:
-    """Algorithms NCCL runs for a collective: tree only for all-reduce (NCCL 2.8-2.18)."""
-    return ("ring", "tree") if kind == "AllReduce" else ("ring",)
+def candidates(kind: str, nodes: int, p=None) -> tuple[str, ...]:
+    """Algorithms NCCL runs for a collective: tree only for all-reduce (NCCL 2.8-2.18);
+    NVLS for a one-node all-reduce where the fabric's switch reduces (``p.nvls_channels``)."""
+    if kind != "AllReduce":
+        return ("ring",)
+    if nodes == 1 and p is not None and p.nvls_channels:
+        return ("ring", "tree", "nvls")
+    return ("ring", "tree")
+
+
+def protocols(algo: str) -> tuple[str, ...]:
+    """NVLS runs the Simple protocol only (tuning.cc)."""
+    return ("Simple",) if algo == "nvls" else PROTOCOLS
+
+
+def nvls_chunk(nbytes: float, slices: int) -> int:
+    """Bytes of one NVLS chunk for an ``nbytes`` all-reduce over ``slices`` = channels x
+    heads pipelines (enqueue.cc): 128 KiB, halved while the message is small beside it."""
+    chunk = NVLS_MAX_CHUNK
+    for times, smaller in NVLS_CHUNK_STEPS:
+        if nbytes < times * slices * chunk and chunk > smaller:
+            chunk = smaller
+    return chunk
+
+
+def nvls_fill(nbytes: float, n: int, link_Bps: float, p) -> float:
+    """Seconds before the NVLS pipeline streams: one chunk through each of the
+    ``channels x n`` slices at the achieved rate (the whole buffer's bytes per port
+    are (n + 1) / n of it, at :data:`NVLS_EFFICIENCY` of the link)."""
+    slices = p.nvls_channels * n
+    return slices * nvls_chunk(nbytes, slices) * bus_bytes("AllReduce", "nvls", 1.0, n) / (
+        link_Bps * NVLS_EFFICIENCY)
+
+
+def _nvls_estimate(nbytes: float, n: int, link_Bps: float, p, tuner: bool) -> Choice:
+    """NVLS (Simple): the tuner's latency; achieved, the kernel's fixed cost and the
+    pipeline's fill on top. Both move (n + 1) / n x S per port at 5/6 of the link."""
+    lat = p.nvls_latency_us * US
+    if not tuner:
+        lat += p.kernel_overhead_us * US + nvls_fill(nbytes, n, link_Bps, p)
+    return Choice("nvls", "Simple", p.nvls_channels, p.threads["Simple"], lat, NVLS_EFFICIENCY)
 
 
 def estimate(kind: str, algo: str, proto: str, nbytes: float, n: int, nodes: int, link_Bps: float,
              p, net=None, tuner: bool = False) -> Choice:
     """One (algorithm, protocol): its channels, latency and bandwidth factor, as achieved
     or (``tuner``) as NCCL's tuner assumes when it chooses."""
+    if algo == "nvls":
+        return _nvls_estimate(nbytes, n, link_Bps, p, tuner)
     nc, nt = (p.channels, p.threads[proto]) if tuner else channels_used(nbytes, proto, n, p)
     bw = bandwidth(kind, algo, proto, nbytes, n, nodes, link_Bps, p, nc, nt, tuner)
     return Choice(algo, proto, nc, nt, latency(kind, algo, proto, n, nodes, p, net, nbytes, tuner), bw / link_Bps)
@@ -159,6 +218,8 @@ def bus_bytes(kind: str, algo: str, nbytes: float, n: int) -> float:
     n x one rank's part; reduce-scatter: the input)."""
     if algo == "tree":
         return 2.0 * nbytes  # reduce up and broadcast down through each rank's port
+    if algo == "nvls":
+        return (n + 1) / n * nbytes  # the whole buffer scattered in, plus the slice this rank heads
     return wire.bus_factor(kind, n) * nbytes
 
 
@@ -171,10 +232,10 @@ def choose(kind: str, nbytes: float, n: int, nodes: int, busbw_Bps: float, p, ne
            algorithm: str = "auto") -> Choice:
     """The (algorithm, protocol) NCCL's tuner picks (smallest time by its own table;
     ``algorithm`` 'ring' or 'tree' restricts it), with what that choice achieves."""
-    algos = candidates(kind, nodes)
+    algos = candidates(kind, nodes, p)
     if algorithm in algos:
         algos = (algorithm,)
-    pairs = [(a, proto) for a in algos for proto in PROTOCOLS]
+    pairs = [(a, proto) for a in algos for proto in protocols(a)]
     a, proto = min(pairs, key=lambda ap: predicted_time(
         estimate(kind, *ap, nbytes, n, nodes, busbw_Bps, p, net, tuner=True), kind, nbytes, n, busbw_Bps))
     return estimate(kind, a, proto, nbytes, n, nodes, busbw_Bps, p, net)

@@ -1,0 +1,117 @@
+"""NVLS (NVLink SHARP) all-reduce on NVSwitch-3 fabrics: golden values by hand, where NCCL runs
+it, its bandwidth bound, and the published H100 curve.
+
+Constants are those of sim/profiles/nvswitch-h100.yaml: port 450 GB/s x 0.824 = 370.8 GB/s,
+16 NVLS channels, tuner latency 25 us, kernel overhead 7.7 us; NCCL's 5/6 NVLS derating and its
+chunk ladder live in sim/nccl.py.
+"""
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from oresearcher import ops as O
+from oresearcher.errors import UserError
+from oresearcher.sim import collectives as C
+from oresearcher.sim import nccl as N
+from oresearcher.sim.bench import bus_factor, read_reference, reference_check
+from oresearcher.sim.engine import Engine
+from oresearcher.sim.hardware import builtin_profiles
+from oresearcher.sim.topology import build_topology
+
+from simkit import DEVICE, meta
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+H100_CURVE = "azure-ndh100v5-h100sxm80-8gpu-nvls"
+CAT = builtin_profiles()
+H100 = CAT["fabric", "nvswitch-h100"]
+PORT = 450e9 * 0.824
+US = 1e-6
+
+
+def h100(n=8, nodes=1):
+    return build_topology(n * nodes, n, H100, CAT["fabric", "ndr-ib"] if nodes > 1 else None, n)
+
+
+def test_one_gib_golden():
+    """1 GiB on 8 H100s: NVLS. 128 slices (16 channels x 8 heads); 2^30 is not below 64 x 128 x
+    128 KiB = 2^30, so the chunk stays 128 KiB. Each port carries 9/8 of the buffer at 5/6 of
+    370.8 GB/s = 309.0 GB/s: data 9/8 x 2^30 / 309.0e9 = 3909.0 us; the pipeline fills with one
+    chunk per slice, 128 x 128 KiB x 9/8 / 309.0e9 = 61.1 us; latency 7.7 + 25 us. In all 4002.8 us."""
+    S, t = 2**30, h100()
+    pl = C.plan("AllReduce", tuple(range(8)), S, t)
+    assert pl.label == "nvls/Simple"
+    rate = PORT * 5 / 6
+    expect = (7.7 + 25.0) * US + 128 * 131072 * 9 / 8 / rate + 9 / 8 * S / rate
+    assert C.plan_time(pl, t) == pytest.approx(expect, rel=1e-9)
+    assert expect == pytest.approx(4002.8 * US, rel=1e-4)
+
+
+@pytest.mark.parametrize("nbytes,chunk", [
+    (2**20, 16384), (8 * 2**20 - 1, 16384), (8 * 2**20, 32768), (64 * 2**20 - 1, 32768),
+    (64 * 2**20, 65536), (2**30 - 1, 65536), (2**30, 131072), (2**33, 131072)])
+def test_chunk_ladder_by_hand(nbytes, chunk):
+    """enqueue.cc with 128 slices: 64 KiB below 64 x 128 x 128 KiB = 1 GiB, 32 KiB below
+    8 x 128 x 64 KiB = 64 MiB, 16 KiB below 2 x 128 x 32 KiB = 8 MiB."""
+    assert N.nvls_chunk(nbytes, 128) == chunk
+
+
+def test_nvls_only_where_the_switch_reduces_and_only_in_one_node():
+    a100 = build_topology(8, 8, CAT["fabric", "nvswitch-a100"])
+    for S in (2**20, 2**26, 2**33):
+        assert not C.plan("AllReduce", tuple(range(8)), S, a100).label.startswith("nvls")
+        assert not C.plan("AllReduce", tuple(range(16)), S, h100(nodes=2)).label.startswith("nvls")
+        assert C.plan("AllReduce", tuple(range(8)), S, h100()).label == "nvls/Simple"
+        assert C.plan("AllReduce", tuple(range(8)), S, h100(), "ring").label.startswith("ring/")
+        assert C.plan("AllGather", tuple(range(8)), S / 8, h100()).label.startswith("ring/")
+    assert C.plan("AllReduce", tuple(range(8)), 1024, h100()).label == "ring/LL"  # latency wins small
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(1, 2**34), st.integers(2, 8))
+def test_nvls_bus_bandwidth_bound(nbytes, n):
+    """What the docs promise: an NVLS all-reduce's nccl-tests bus bandwidth never exceeds
+    2(n-1)/(n+1) x 5/6 of the port (480.6 GB/s on 8 H100s), and it is never faster than its
+    own data term alone."""
+    t = h100(n)
+    c = N.estimate("AllReduce", "nvls", "Simple", nbytes, n, 1, PORT, H100.nccl)
+    pl = C.plan("AllReduce", tuple(range(n)), nbytes, t, "auto")
+    if pl.label != "nvls/Simple":
+        return
+    secs = C.plan_time(pl, t)
+    assert secs >= (n + 1) / n * nbytes / (PORT * 5 / 6) + c.latency * (1 - 1e-12)
+    assert 2 * (n - 1) / n * nbytes / secs <= 2 * (n - 1) / (n + 1) * 5 / 6 * PORT * (1 + 1e-9)
+
+
+def _one(S):
+    yield O.AllReduce(meta(S))
+    yield O.StepDone(0)
+
+
+def test_engine_follows_the_closed_form_nvls_plan():
+    t = h100()
+    for S in (1 << 20, 1 << 26):
+        tl = Engine(t, DEVICE, "fp32", "auto").run([_one(S) for _ in range(8)])
+        assert max(tl.step_ends[r][-1] for r in range(8)) == pytest.approx(
+            C.plan_time(C.plan("AllReduce", tuple(range(8)), S, t), t), rel=1e-9)
+
+
+def test_h100_curve_within_ten_percent_and_its_plateau():
+    rows, ref, err = reference_check(H100_CURVE, DATA / f"nccl-{H100_CURVE}.csv")
+    print(f"\n{H100_CURVE}: exp(mean |ln(sim/measured)|) - 1 from 1 MiB = {err:.1%}")
+    for r, (s, t) in zip(rows, ref):
+        print(f"  {s:>11} B  sim {r['time_us']:9.1f} us  published {t:9.1f} us  {r['algorithm']}")
+    assert err <= 0.10
+    assert rows[-1]["size_bytes"] == 8 * 2**30 and abs(rows[-1]["busbw_GBps"] / 478.87 - 1) <= 0.03
+
+
+def test_busbw_only_curve_needs_its_bus_factor(tmp_path):
+    path = DATA / f"nccl-{H100_CURVE}.csv"
+    with pytest.raises(UserError, match="busbw only"):
+        read_reference(path)
+    rows = dict(read_reference(path, bus_factor("all_reduce", 8)))
+    assert rows[2**20] == pytest.approx(2**20 * 1.75 / 43.7e3)  # 42.0 us
+    bad = tmp_path / "bad.csv"
+    bad.write_text("size_bytes,time_us,algbw_GBps,busbw_GBps\n1024,,,0\n")
+    with pytest.raises(UserError, match="bad row"):
+        read_reference(bad, 1.75)
