@@ -18,6 +18,7 @@ thin SimPy shell that advances remaining bytes between events.
 """
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from typing import Sequence
 
@@ -27,6 +28,14 @@ import simpy
 _REL = 1e-9
 # A flow with less than a picosecond of transfer left is done (float rounding).
 _DONE_S = 1e-12
+
+
+def done_within(now: float) -> float:
+    """Transfer time below which a flow counts as done at simulated time ``now``: a
+    picosecond, or a few units in the last place of ``now`` once the clock is so large
+    that ``now + dt`` rounds back to ``now`` (a flow slowed a billionfold by a link
+    fault runs for hours, and a remainder under the clock's resolution never drains)."""
+    return max(_DONE_S, 4 * math.ulp(now))
 
 
 def maxmin_rates(routes: Sequence[Sequence[int]], capacity: Sequence[float]) -> list[float]:
@@ -85,11 +94,11 @@ class _Batch:
         else:
             self.remaining = [x - r * dt for x, r in zip(self.remaining, self.rates)]
 
-    def unfinished(self):
-        """[(route, remaining)] of the flows not yet done."""
+    def unfinished(self, done_s: float = _DONE_S):
+        """[(route, remaining)] of the flows not yet done (``done_s``: :func:`done_within`)."""
         if type(self.remaining) is float:
-            return [] if self.remaining <= self.rate * _DONE_S else None  # None: all left
-        return [(rt, x) for rt, x, r in zip(self.routes, self.remaining, self.rates) if x > r * _DONE_S]
+            return [] if self.remaining <= self.rate * done_s else None  # None: all left
+        return [(rt, x) for rt, x, r in zip(self.routes, self.remaining, self.rates) if x > r * done_s]
 
 
 class FlowNetwork:
@@ -161,8 +170,9 @@ class FlowNetwork:
             return  # superseded by a later change
         self._advance()
         keep = []
+        done_s = done_within(self.env.now)
         for b in self._batches:
-            left = b.unfinished()
+            left = b.unfinished(done_s)
             if left is None:  # uniform and not done
                 keep.append(b)
                 continue
