@@ -80,6 +80,17 @@ class FaultsSpec(_Strict):
     price_checkpoints: bool = Field(False, description="price training.checkpoint_every's saves even without "
                                     "faults (with any fault they are always priced)")
 
+    @model_validator(mode="after")
+    def _restarts_end(self):
+        # every restart pauses the job restart_delay_s, and random failures keep coming meanwhile:
+        # at mtbf_s <= restart_delay_s each pause brings at least one more failure on average,
+        # so the pauses never end (a critical or supercritical branching process)
+        if self.mtbf_s is not None and self.mtbf_s <= self.restart_delay_s:
+            raise ValueError(f"mtbf_s={self.mtbf_s:g} s is not longer than a restart (restart_delay_s="
+                             f"{self.restart_delay_s:g} s): failures would come faster than restarts end and "
+                             "the job could never finish")
+        return self
+
     @property
     def active(self) -> bool:
         return bool(self.stragglers or self.links or self.failures or self.mtbf_s)

@@ -44,6 +44,9 @@ import numpy as np
 from .engine import lognormal_params
 
 GB = 10**9
+# More random failures than this in one run: it is not getting anywhere (a year of simulated
+# time at an mtbf of one hour is 8,760); the simulator says so instead of running on.
+MAX_FAILURES = 20_000
 
 
 # ---- pure math ------------------------------------------------------------------------
@@ -236,6 +239,12 @@ class FaultPlan:
     def _draw_until(self, now: float) -> None:
         added = False
         while self._next <= now:
+            if len(self.failures) >= MAX_FAILURES:
+                from oresearcher.errors import UserError
+
+                raise UserError(f"faults.mtbf_s={self.spec.mtbf_s:g} s: {len(self.failures):,} failures by "
+                                f"simulated time {self._next:,.0f} s and the run has not finished: it is not "
+                                "getting ahead of its failures (raise mtbf_s, or checkpoint more often)")
             self.failures.append(_Failure(self._next, int(self._who.integers(self.world)), "restart"))
             self._next += float(self._gaps.exponential(self.spec.mtbf_s))
             added = True
