@@ -42,17 +42,23 @@ def lognormal_params(cv: float) -> tuple[float, float]:
     return -s2 / 2, math.sqrt(s2)
 
 
+def _meta(op) -> bool:
+    t = getattr(op, "tensor", None)
+    return t is not None and t.device.type == "meta"
+
+
 class CollectiveMismatch(O.ProgramError, RuntimeError):
     """The members of a group issued different collectives or payload sizes (a
     :class:`~oresearcher.ops.ProgramError`; a RuntimeError for older callers)."""
 
 
 class _Instance:
-    __slots__ = ("kind", "ranks", "ops", "issued", "done", "results", "name", "sizes")
+    __slots__ = ("kind", "ranks", "ops", "issued", "done", "results", "name", "sizes", "count")
 
     def __init__(self, env, kind, ranks, name):
         self.kind, self.ranks, self.name = kind, ranks, name
-        self.ops, self.issued = {}, {}
+        self.ops, self.issued = {}, {}  # by the rank that issued it (a class: its representative)
+        self.count = 0  # members arrived (a representative counts for its whole class)
         self.done = env.event()
         self.results = None
 
@@ -84,21 +90,39 @@ class Engine:
         self._pending = {}
         self._plans = {}
         self.on_step = None  # callback(rank, step) for progress bars
-        self.ops_done = 0  # ops interpreted, for events-per-second figures
+        self.ops_done = 0  # ops interpreted, for events-per-second figures (a class counts its members)
+        self.ops_run = 0  # ops this engine ran (a class: once)
         self.faults = None  # a sim/faults.py FaultPlan: stragglers, link windows, checkpoints, failures
         self.owed = [0.0] * self.world_size  # per rank: compute time not yet paid (see _rank)
+        # symmetric run (sim/symmetry.py): representative -> the ranks it stands for, and
+        # every rank's representative; None: one process per rank
+        self.members, self.rep_of = None, None
+        self._meta_out = {}  # (kind, group size, shape, dtype) -> shape mode's result tensor
+        self._fits = {}  # (rank, group key) -> True once checked: its class sits in the group
 
     def now(self, rank: int) -> float:
         """Rank's own clock: simulated time including the compute it owes lazily."""
         return self.env.now + self.owed[rank]
 
     # -- public -----------------------------------------------------------------
-    def run(self, programs) -> Timeline:
-        if len(programs) != self.world_size:
-            raise ValueError(f"{len(programs)} programs for world size {self.world_size}")
-        procs = [self.env.process(self._rank(r, g)) for r, g in enumerate(programs)]
+    def run(self, programs, classes=None) -> Timeline:
+        """Run one program per rank, or with ``classes`` (sorted rank tuples covering the
+        world, see sim/symmetry.py) one per class, for its first rank; raises
+        :class:`~.symmetry.SymmetryBroken` when a class turns out not to act alike."""
+        reps = range(self.world_size)
+        if classes is not None:
+            reps = [c[0] for c in classes]
+            self.members = {c[0]: c for c in classes}
+            self.rep_of = [0] * self.world_size
+            for c in classes:
+                for r in c:
+                    self.rep_of[r] = c[0]
+            self.tl.share(classes)
+        if len(programs) != len(reps):
+            raise ValueError(f"{len(programs)} programs for {len(reps)} ranks")
+        procs = [self.env.process(self._rank(r, g)) for r, g in zip(reps, programs)]
         self.env.run()
-        stuck = [r for r, p in enumerate(procs) if p.is_alive]
+        stuck = [r for r, p in zip(reps, procs) if p.is_alive]
         if stuck:
             waiting = sorted({(i.kind, i.ranks) for i in self._pending.values()})
             raise RuntimeError(f"deadlock: ranks {stuck} never finished; collectives waiting: {waiting[:3]}")
@@ -115,6 +139,7 @@ class Engine:
         step_factor = math.exp(mu + z)
         slow = self.faults.compute_factor(rank) if self.faults is not None else 1.0
         Compute, Collective = O.Compute, O.Collective
+        mult = 1 if self.members is None else len(self.members[rank])  # ranks this process stands for
         # Compute only touches this rank, so its time is owed lazily: consecutive Computes
         # cost one SimPy event, paid before the rank next meets others (exactly the same
         # times as one event each, far fewer events).
@@ -128,7 +153,8 @@ class Engine:
                     yield env.timeout(owed)
                 return
             val = None
-            self.ops_done += 1
+            self.ops_done += mult
+            self.ops_run += 1
             if isinstance(op, Compute):  # a subclass: a hosted agent's Swap (sim/swap.py)
                 if op.fn is not None:
                     val = op.fn(*op.args, **op.kwargs)
@@ -201,8 +227,19 @@ class Engine:
         return hit[1], hit[2]
 
     def _arrive(self, rank, op, kind, ranks, gkey):
-        if rank not in ranks:
-            raise O.not_in_group(rank, kind, ranks)
+        fit = self._fits.get((rank, gkey))
+        if fit is None:  # a set, not the tuple: 16,384-rank groups are costly to scan
+            members = frozenset(ranks)
+            if rank not in members:
+                raise O.not_in_group(rank, kind, ranks)
+            if self.members is not None:
+                mine = self.members[rank]
+                if len(mine) > 1 and (kind == "SendRecv" or not members.issuperset(mine)):
+                    from .symmetry import SymmetryBroken
+
+                    raise SymmetryBroken(f"rank {rank}'s class of {len(mine)} does not act alike in {kind} "
+                                         f"on a group of {len(ranks)}")
+            fit = self._fits[rank, gkey] = len(self.members[rank]) if self.members is not None else 1
         seq = self._seq[rank, gkey]
         self._seq[rank, gkey] = seq + 1
         key = (gkey, seq)  # the k-th call on a group meets every member's k-th call
@@ -213,7 +250,8 @@ class Engine:
             raise CollectiveMismatch(f"group {ranks}: {inst.kind} met {kind}")
         inst.ops[rank] = op
         inst.issued[rank] = self.env.now
-        if len(inst.ops) == len(ranks):
+        inst.count += fit
+        if inst.count == len(ranks):
             del self._pending[key]
             self.env.process(self._run(inst))
         return inst
@@ -222,10 +260,24 @@ class Engine:
         if inst.kind == "SendRecv":
             src, dst = inst.ranks
             return {src: None, dst: inst.ops[src].tensor.clone()}
-        ordered = [inst.ops[r] for r in inst.ranks]
+        ops, rep_of = inst.ops, self.rep_of
+        first = ops[inst.ranks[0]] if rep_of is None else ops[rep_of[inst.ranks[0]]]
+        if inst.kind in ("AllReduce", "Broadcast", "ReduceScatter") and len(inst.sizes) == 1 and _meta(first):
+            # shape mode: one meta tensor of the output's size serves every member and every call
+            t = first.tensor
+            key = (inst.kind, len(inst.ranks), t.shape, t.dtype)
+            out = self._meta_out.get(key)
+            if out is None:
+                out = self._meta_out[key] = O.collective_results(inst.kind, [first] * len(inst.ranks), inst.ranks)[0]
+            return dict.fromkeys(ops, out)
+        ordered = [ops[r] for r in inst.ranks] if rep_of is None else [ops[rep_of[r]] for r in inst.ranks]
         if inst.kind != "AllGather" and len(inst.sizes) > 1:
             raise CollectiveMismatch(f"{inst.kind} on {inst.ranks}: payload sizes differ {sorted(inst.sizes)}")
-        return dict(zip(inst.ranks, O.collective_results(inst.kind, ordered, inst.ranks)))
+        results = O.collective_results(inst.kind, ordered, inst.ranks)
+        if rep_of is None:
+            return dict(zip(inst.ranks, results))
+        return {r: x for r, x in zip(inst.ranks, results) if r in ops}  # the representatives'
+
 
     def _plan(self, inst):
         """(plan, [(latency, routes, bytes)] per phase, wire bytes per rank); cached."""
@@ -247,9 +299,8 @@ class Engine:
     def _run(self, inst):
         env = self.env
         last = env.now  # the last member just arrived: the others waited for it
-        for r in inst.ranks:
-            if inst.issued[r] < last:
-                self.tl.record(r, "peer_wait", inst.name, inst.issued[r], last)
+        tl, rep_of, issued = self.tl, self.rep_of or range(self.world_size), inst.issued
+        tl.record_group(inst.ranks, rep_of, "peer_wait", inst.name, issued, last)
         inst.sizes = {O.payload_bytes(o) for o in inst.ops.values()}
         inst.results = self._results(inst)
         pl, steps, wire = self._plan(inst)
@@ -263,8 +314,6 @@ class Engine:
                 yield self.net.start(routes, nbytes if self.faults is None else self.faults.flow_bytes(env.now, nbytes))
         if env.now - start < pl.floor:  # the host had not enqueued the next call yet
             yield env.timeout(pl.floor - (env.now - start))
-        algo = pl.label
-        for r in inst.ranks:
-            self.tl.record(r, "comm", inst.name, inst.issued[r], env.now, int(wire.get(r, 0)),
-                           {"kind": inst.kind, "algorithm": algo})
+        tl.record_group(inst.ranks, rep_of, "comm", inst.name, issued, env.now, wire,
+                        {"kind": inst.kind, "algorithm": pl.label})
         inst.done.succeed()

@@ -19,6 +19,7 @@ from oresearcher.tasks import make_learner
 from .engine import Engine
 from .faults import fault_plan, fault_report
 from .hardware import catalogue, lookup
+from .symmetry import SymmetryBroken, symmetry_classes
 from .topology import build_topology
 
 log = logging.getLogger(__name__)
@@ -125,25 +126,24 @@ def compute_pricing(scenario: Scenario, device):
 
 
 def simulate(scenario: Scenario, *, mode: str | None = None, on_step=None,
-             keep_spans: int = 200_000) -> tuple[dict, Timeline]:
-    """Run ``scenario`` in the simulator; returns (report dict, Timeline)."""
+             keep_spans: int = 200_000, on_note=None, exact: bool = False) -> tuple[dict, Timeline]:
+    """Run ``scenario`` in the simulator; returns (report dict, Timeline). With a
+    ``convergence`` section the report predicts the loss at scale (sim/convergence.py;
+    ``on_note(line)`` hears about each proxy run it trains).
+
+    Symmetric ranks are simulated once per class (sim/symmetry.py) unless ``exact``;
+    the report's ``engine`` section says how the run was done. Either way every other
+    field is the same, byte for byte (tests/sim/test_scale.py)."""
     mode = mode or resolve_mode(scenario)
     device, topo = build_cluster(scenario)
-    n = scenario.world_size
-    torch_device = torch.device("meta") if mode == "shape" else torch.device("cpu")
+    faults = scenario.faults.active or scenario.faults.price_checkpoints
+    classes, why = (None, "--exact") if exact else symmetry_classes(scenario, mode, device, faults or None)
     try:
-        learners = [make_learner(scenario, r, mode=mode, device=torch_device) for r in range(n)]
-        program = get_program(scenario.training.strategy)
-    except ValueError as e:
-        raise UserError(f"{getattr(scenario, '_source', scenario.name)}: {e}") from None
-    ctxs = [AgentContext(rank=r, world_size=n, scenario=scenario, mode=mode, device=torch_device) for r in range(n)]
-    engine = Engine(topo, device, scenario.workload.dtype, scenario.communication.algorithm,
-                    Timeline(n, keep_spans=keep_spans), seed=scenario.seed, pricing=compute_pricing(scenario, device))
-    engine.on_step = on_step
-    for c in ctxs:  # programs that time themselves (communication.budget) read simulated seconds
-        c.clock = (lambda r: lambda: engine.now(r))(c.rank)
-    engine.faults = fault_plan(scenario, device, ctxs, learners[0], lambda: memory_report(scenario, device))
-    tl = engine.run([program(c, l) for c, l in zip(ctxs, learners)])
+        engine, tl = _run(scenario, mode, device, topo, on_step, keep_spans, classes)
+    except SymmetryBroken as e:
+        log.info("symmetry broken (%s): one process per rank", e)
+        classes, why = None, str(e)
+        engine, tl = _run(scenario, mode, device, topo, on_step, keep_spans, None)
     extra = {
         "mode": mode,
         "device": device.name,
@@ -153,5 +153,32 @@ def simulate(scenario: Scenario, *, mode: str | None = None, on_step=None,
     }
     if engine.faults is not None:  # time lost per fault, work recomputed, goodput (sim/faults.py)
         extra["faults"] = fault_report(scenario, engine.faults, tl, mode)
+    extra["engine"] = {"symmetry": "classes" if classes else "per-rank", "why": why,
+                       "processes": len(classes) if classes else scenario.world_size,
+                       "ops_run": engine.ops_run}
     report = summarize(tl, scenario.resolved(), backend="sim", extra=extra)
+    if scenario.convergence is not None:
+        from .convergence import section
+
+        report["convergence"] = section(scenario, report["step_time_s"], log=on_note)
     return report, tl
+
+
+def _run(scenario, mode, device, topo, on_step, keep_spans, classes):
+    """(engine, timeline) of one run: a program per rank, or per class's first rank."""
+    n = scenario.world_size
+    reps = [c[0] for c in classes] if classes else range(n)
+    torch_device = torch.device("meta") if mode == "shape" else torch.device("cpu")
+    try:
+        learners = [make_learner(scenario, r, mode=mode, device=torch_device) for r in reps]
+        program = get_program(scenario.training.strategy)
+    except ValueError as e:
+        raise UserError(f"{getattr(scenario, '_source', scenario.name)}: {e}") from None
+    ctxs = [AgentContext(rank=r, world_size=n, scenario=scenario, mode=mode, device=torch_device) for r in reps]
+    engine = Engine(topo, device, scenario.workload.dtype, scenario.communication.algorithm,
+                    Timeline(n, keep_spans=keep_spans), seed=scenario.seed, pricing=compute_pricing(scenario, device))
+    engine.on_step = on_step
+    for c in ctxs:  # programs that time themselves (communication.budget) read simulated seconds
+        c.clock = (lambda r: lambda: engine.now(r))(c.rank)
+    engine.faults = fault_plan(scenario, device, ctxs, learners[0], lambda: memory_report(scenario, device))
+    return engine, engine.run([program(c, l) for c, l in zip(ctxs, learners)], classes)
