@@ -3,6 +3,7 @@
     python -m oresearcher.sim scenarios/8xA100.yaml
     python -m oresearcher.sim scenarios/8xA100.yaml --out runs/8xA100 --set training.steps=50
     python -m oresearcher.sim scenarios/8xA100.yaml --sweep communication.bucket_size_MB=5,25,100
+    python -m oresearcher.sim scenarios/8xA100.yaml --sweep communication.bucket_size_MB=5,25,100 --jobs 2
     python -m oresearcher.sim scenarios/8xA100.yaml --target-loss 2.6 --sweep training.strategy=ddp,diloco,oresearcher
     python -m oresearcher.sim scenarios/8xA100.yaml --collective-bench all_reduce
     python -m oresearcher.sim scenarios/8xA100.yaml --collective-bench all_reduce \
@@ -74,7 +75,7 @@ def _run_one(args, overrides, label):
         console.print(note, highlight=False)
     progress = _LazyProgress(scenario.training.steps, label)
     try:
-        report, tl = simulate(scenario, mode=args.mode, on_step=progress,
+        report, tl = simulate(scenario, mode=args.mode, on_step=progress, exact=args.exact,
                               on_note=lambda line: console.print(line, style="dim", highlight=False))
     finally:
         progress.close()
@@ -118,10 +119,16 @@ def cmd_sweep(args) -> int:
         values = [parse_override(f"x={v}")[1] for v in raw]
     for v in values:  # every value is checked before any runs: a bad one costs nothing
         load_scenario(args.scenario, [*args.set, f"{field}={v}"])
-    reports = []
-    for v in values:
-        _, report, _ = _run_one(args, [*args.set, f"{field}={v}"], f"{field}={v}")
-        reports.append(report)
+    if args.jobs == 1:
+        reports = []
+        for v in values:
+            _, report, _ = _run_one(args, [*args.set, f"{field}={v}"], f"{field}={v}")
+            reports.append(report)
+    else:  # a process pool: the same reports, in the order given (sim/sweep.py)
+        from .sweep import run_pool
+
+        reports = run_pool(args.scenario, [[*args.set, f"{field}={v}"] for v in values], args.mode, args.jobs,
+                           args.exact)
     console.print(sweep_table(field, values, reports))
     conv = all(r.get("convergence") for r in reports)
     if conv:  # ranked by predicted time to the target loss, not by step time alone
@@ -224,6 +231,10 @@ def check_flags(args) -> None:
     for flag in ("launch", "reference"):
         if getattr(args, flag) and not args.collective_bench:
             raise UserError(f"--{flag} only applies to --collective-bench OP")
+    if args.jobs < 1:
+        raise UserError(f"--jobs {args.jobs}: expected a number of worker processes >= 1")
+    if args.jobs > 1 and not args.sweep:
+        raise UserError("--jobs only applies to --sweep (one configuration runs in one process)")
     field = (args.sweep or "").split("=", 1)[0].strip()
     if field and (same := [s for s in args.set if s.split("=", 1)[0].strip() == field]):
         raise UserError(f"--sweep {field}=... and --set {same[0]} both set {field}; give one")
@@ -236,6 +247,10 @@ def parse_args(argv):
     p.add_argument("--out", help="output directory (default runs/<scenario name>)")
     p.add_argument("--set", action="append", default=[], metavar="PATH=VALUE", help="override a scenario field")
     p.add_argument("--sweep", metavar="PATH=V1,V2,...", help="run once per value and compare")
+    p.add_argument("--jobs", type=int, default=1, metavar="N",
+                   help="--sweep: run the configurations on N worker processes (default 1: one after another)")
+    p.add_argument("--exact", action="store_true",
+                   help="simulate every rank in its own process (no symmetry shortcut; the report is the same)")
     p.add_argument("--collective-bench", type=_op, metavar="OP", help=f"nccl-tests-style table: {', '.join(OPS)}")
     p.add_argument("--mode", choices=("shape", "numeric"), help="override simulation.mode")
     p.add_argument("--target-loss", type=float, metavar="LOSS", help="predict the time until the loss reaches LOSS "
