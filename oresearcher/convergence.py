@@ -83,13 +83,17 @@ def tokens_to_loss(law: ScalingLaw, n_params: float, target: float, multiplier: 
 
 
 def smooth(values: Sequence[float], window: int) -> list[float]:
-    """Trailing running mean over ``window`` points (the first points average what exists)."""
-    out, acc = [], 0.0
-    for i, v in enumerate(values):
-        acc += v
-        if i >= window:
-            acc -= values[i - window]
-        out.append(acc / min(i + 1, window))
+    """Centred running mean over ``window`` points (odd; fewer at the ends). Centred, so a
+    curve is not shifted: a trailing mean would add the same lag to both curves' steps
+    and pull their ratio towards 1."""
+    h = max(0, window // 2)
+    prefix = [0.0]
+    for v in values:
+        prefix.append(prefix[-1] + v)
+    out = []
+    for i in range(len(values)):
+        lo, hi = max(0, i - h), min(len(values), i + h + 1)
+        out.append((prefix[hi] - prefix[lo]) / (hi - lo))
     return out
 
 

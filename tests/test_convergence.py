@@ -55,7 +55,7 @@ def test_target_at_or_below_the_floor_is_never_reached():
 
 
 def test_smooth_and_first_passage_by_hand():
-    assert smooth([4, 2, 6, 0], 2) == [4, 3, 4, 3]
+    assert smooth([4, 2, 6, 0], 3) == pytest.approx([3, 4, 8 / 3, 3])
     assert first_at_or_below([5, 4, 3, 4, 2], 3) == 3
     assert first_at_or_below([5, 4], 3) is None
 

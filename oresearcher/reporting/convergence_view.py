@@ -1,0 +1,114 @@
+"""The report's ``convergence`` section on the console and in a figure.
+
+The section itself (:mod:`oresearcher.sim.convergence`) holds the scaling law, the
+measured efficiency with its seed band, the predicted final loss for the run's budget,
+the time to the target loss and the curve; here it becomes lines, a sweep table ranked
+by time to the target, and ``convergence.png`` (loss against hours, strategies overlaid).
+"""
+from __future__ import annotations
+
+from rich.table import Table
+
+
+def hours(seconds: float | None) -> str:
+    if seconds is None:
+        return "never"
+    if seconds < 3600:
+        return f"{seconds / 60:,.1f} min"
+    if seconds < 48 * 3600:
+        return f"{seconds / 3600:,.1f} h"
+    return f"{seconds / 86400:,.1f} days"
+
+
+def efficiency_text(c: dict) -> str:
+    e = c["efficiency"]
+    if not e["measured"]:
+        return "1 (synchronous data parallel: the law's own regime)"
+    p = e["proxy"]
+    return (f"{e['multiplier']:.2f}x effective tokens [{e['low']:.2f}-{e['high']:.2f}] over {p['seeds']} "
+            f"proxy seed{'s' if p['seeds'] > 1 else ''} ({p['model']}, {p['steps']} steps)")
+
+
+def lines(c: dict) -> list[str]:
+    """What the console prints about one run's convergence section."""
+    law = c["law"]
+    head = (f"convergence: L(N, D) = {law['E']:g} + {law['A']:g}/N^{law['alpha']:g} + {law['B']:g}/D^{law['beta']:g} "
+            f"({law['source']})")
+    if "unavailable" in c:
+        return [head, f"  {c['unavailable']}"]
+    f = c["final"]
+    out = [head,
+           f"  N = {c['n_params']:,} parameters, {c['tokens_per_step']:,} tokens per step; floor {c['floor_loss']:.3f}",
+           f"  efficiency: {efficiency_text(c)}",
+           f"  final loss after {c['budget_steps']:,} steps ({f['tokens']:.3g} tokens, {hours(f['time_s'])}): "
+           f"{f['loss']:.3f} [{f['loss_low']:.3f}-{f['loss_high']:.3f}]"]
+    t = c.get("to_target")
+    if t is not None:
+        if t["steps"] is None:
+            out.append(f"  time to loss {c['target_loss']:g}: {t['why']}")
+        else:
+            out.append(f"  time to loss {c['target_loss']:g}: {hours(t['time_s'])} [{hours(t['time_s_low'])}-"
+                       f"{hours(t['time_s_high'])}], {t['steps']:,} steps at {c['step_time_s'] * 1e3:,.1f} ms")
+    return out
+
+
+def _rank_key(c: dict):
+    t = (c or {}).get("to_target") or {}
+    return (t.get("time_s") is None, t.get("time_s") or 0.0)
+
+
+def sweep_table(field: str, values: list, reports: list[dict]) -> Table:
+    """One row per value, fastest to the target first (by time, not by step time)."""
+    target = next((r["convergence"].get("target_loss") for r in reports), None)
+    t = Table(title=f"sweep of {field}: predicted time to loss {target:g}" if target is not None
+              else f"sweep of {field}: predicted final loss", header_style="bold")
+    for col in (field.rsplit(".", 1)[-1], "step ms", "efficiency", "steps", "time", "final L"):
+        t.add_column(col, justify="right", no_wrap=True)
+    rows = sorted(zip(values, reports), key=lambda vr: _rank_key(vr[1]["convergence"]))
+    for v, r in rows:
+        c = r["convergence"]
+        if "unavailable" in c:
+            t.add_row(str(v), f"{r['step_time_s'] * 1e3:,.1f}", c["unavailable"], "", "", "")
+            continue
+        e, to = c["efficiency"], c.get("to_target") or {}
+        eff = f"{e['multiplier']:.2f} [{e['low']:.2f}-{e['high']:.2f}]" if e["measured"] else "1 (DDP)"
+        steps = "" if not to else ("never" if to["steps"] is None else f"{to['steps']:,}")
+        t.add_row(str(v), f"{r['step_time_s'] * 1e3:,.1f}", eff, steps, hours(to.get("time_s")) if to else "",
+                  f"{c['final']['loss']:.3f}")
+    t.caption = ("efficiency: effective-token multiplier measured on the proxy [seeds' range]; steps, time: to "
+                 "the target; final L: loss after training.steps")
+    return t
+
+
+def figure(curves: list[tuple[str, dict]], path, title: str) -> bool:
+    """Predicted loss against hours, one line and band per (label, section); False if
+    no section has a curve (nothing written)."""
+    drawable = [(label, c) for label, c in curves if c.get("curve")]
+    if not drawable:
+        return False
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for label, c in drawable:
+        xs = [p["time_s"] / 3600 for p in c["curve"]]
+        line, = ax.plot(xs, [p["loss"] for p in c["curve"]], label=label)
+        ax.fill_between(xs, [p["loss_low"] for p in c["curve"]], [p["loss_high"] for p in c["curve"]],
+                        color=line.get_color(), alpha=0.2, lw=0)
+    target = drawable[0][1].get("target_loss")
+    if target is not None:
+        ax.axhline(target, color="k", ls="--", lw=0.8, label=f"target {target:g}")
+    ax.set_xscale("log")
+    ax.set_xlabel("simulated wall-clock time (hours)")
+    ax.set_ylabel("predicted loss (nats per token)")
+    lo = min(p["loss_low"] for _, c in drawable for p in c["curve"])
+    ax.set_ylim(lo - 0.1, max(lo + 2.0, (target or lo) + 1.0))
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True

@@ -1,0 +1,191 @@
+"""The report's ``convergence`` section: predicted loss against simulated time and tokens.
+
+The base run follows the scenario's scaling law (:mod:`oresearcher.convergence`; N the
+model preset's parameters, D = global batch x sequence length x steps). The strategy's
+effective-token multiplier is measured: the scenario's own program (same agents and
+roles, interval, codec, optimizer and learning rate, local steps) runs in numeric mode
+on a small proxy (``convergence.proxy_model`` on the synthetic-lm stream, one short
+sequence per agent per step) beside synchronous data parallel without a codec, seed by
+seed; the median over seeds is the multiplier and the seeds' range its band.
+
+Proxy curves are cached on disk under ``convergence.cache_dir``, one JSON file per run
+named by the hash of everything that decides its values (the proxy scenario, this
+module's method version, the torch version), so a sweep over strategies runs the shared
+data-parallel baseline once and a rerun runs nothing.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from pathlib import Path
+
+import torch
+
+from oresearcher import convergence as cv
+from oresearcher.scenario import Scenario, scenario_dir, validate
+
+METHOD = "proxy-v1"  # bump when what a cached curve means changes
+
+
+def n_params(model: str) -> int:
+    """Every parameter of the preset, embeddings included (the Chinchilla convention)."""
+    from oresearcher.models import build_model
+
+    return sum(p.numel() for p in build_model(model, device="meta").parameters())
+
+
+def proxy_data(scenario: Scenario, seed: int, strategy: str | None = None, codec: str | None = None) -> dict:
+    """The raw scenario of one proxy run (validated by :func:`proxy_scenario`)."""
+    spec = scenario.convergence
+    data = scenario.resolved()
+    for key in ("convergence", "faults", "distill"):
+        data.pop(key, None)
+    data["seed"] = seed
+    data["workload"].update(model=spec.proxy_model, seq_len=spec.proxy_seq_len, dtype="fp32",
+                            global_batch=scenario.agents.count * spec.proxy_batch, activation_checkpointing=False)
+    data["training"].update(steps=spec.proxy_steps, eval_every=0, checkpoint_every=0)
+    data["simulation"] = {"mode": "numeric"}
+    if strategy is not None:
+        data["training"]["strategy"] = strategy
+    if codec is not None:
+        data["communication"]["codec"] = codec
+    return data
+
+
+def proxy_scenario(data: dict, parent: Scenario) -> Scenario:
+    sc = validate(data, f"{getattr(parent, '_source', parent.name)} (convergence proxy)")
+    sc._source = getattr(parent, "_source", None)
+    return sc
+
+
+def cache_key(data: dict) -> str:
+    text = json.dumps({"scenario": data, "method": METHOD, "torch": torch.__version__}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+def mean_curve(metrics: dict) -> list[float]:
+    """Mean training loss over the agents at each step (steps an agent sat out skipped)."""
+    by_step: dict[int, list[float]] = {}
+    for rows in metrics.values():
+        for row in rows:
+            v = row.get("loss")
+            if v is not None and math.isfinite(v):
+                by_step.setdefault(row["step"], []).append(v)
+    return [sum(v) / len(v) for _, v in sorted(by_step.items())]
+
+
+def run_proxy(scenario: Scenario, data: dict, log=None) -> list[float]:
+    """The proxy's mean loss per step: from the cache, or run in numeric mode and cached."""
+    root = Path(scenario.convergence.cache_dir)
+    if not root.is_absolute():
+        root = Path.cwd() / root
+    path = root / f"{cache_key(data)}.json"
+    if path.is_file():
+        return json.loads(path.read_text())["curve"]
+    from .simulate import simulate
+
+    t0 = time.monotonic()
+    report, _ = simulate(proxy_scenario(data, scenario), mode="numeric")
+    curve = mean_curve(report["metrics"])
+    if log:
+        log(f"convergence proxy: {data['training']['strategy']} seed {data['seed']}, {len(curve)} steps of "
+            f"{data['workload']['model']} in {time.monotonic() - t0:.0f} s (cached in {root})")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"curve": curve, "scenario": data, "method": METHOD}, sort_keys=True))
+    tmp.replace(path)
+    return curve
+
+
+def no_prediction(scenario: Scenario) -> str | None:
+    """One line saying why the model cannot predict this scenario, or None."""
+    if scenario.workload.task != "synthetic-lm":
+        return (f"no prediction: no proxy for task {scenario.workload.task} (the convergence model covers "
+                "synthetic-lm language models)")
+    if scenario.agents.architectures:
+        return "no prediction: no proxy for agents of different architectures"
+    if scenario.training.strategy == "fsdp" and scenario.fsdp.replicas == "fusion":
+        return "no prediction: no measured efficiency for fsdp with fusion replicas"
+    return None
+
+
+def is_baseline(scenario: Scenario) -> bool:
+    """Synchronous data parallel on exact gradients: the law's own regime, multiplier 1.
+    FSDP replicas that all-reduce compute the same update, sharded (torch FSDP2)."""
+    s = scenario.training.strategy
+    exact = scenario.communication.codec.is_none
+    return (s == "ddp" and exact) or (s == "fsdp" and scenario.fsdp.replicas == "allreduce")
+
+
+def efficiency(scenario: Scenario, log=None) -> cv.Efficiency | str:
+    """The strategy's multiplier with its seed band, or one line saying why there is none."""
+    why = no_prediction(scenario)
+    if why:
+        return why
+    if is_baseline(scenario):
+        return cv.Efficiency.of([1.0])
+    spec, per_seed = scenario.convergence, []
+    window = max(5, spec.proxy_steps // 30)
+    for k in range(spec.proxy_seeds):
+        seed = scenario.seed + k
+        base = run_proxy(scenario, proxy_data(scenario, seed, strategy="ddp", codec="none"), log)
+        mine = run_proxy(scenario, proxy_data(scenario, seed), log)
+        m = cv.multiplier(cv.smooth(base, window), cv.smooth(mine, window))
+        if m is not None:
+            per_seed.append(m)
+    if not per_seed:
+        return "no prediction: the proxy's curves share no loss level with data parallel's"
+    return cv.Efficiency.of(per_seed)
+
+
+def _steps(law, n, target, m, tokens_per_step) -> int | None:
+    d = cv.tokens_to_loss(law, n, target, m)
+    return None if math.isinf(d) else math.ceil(d / tokens_per_step)
+
+
+def section(scenario: Scenario, step_time_s: float, log=None) -> dict:
+    """The report's ``convergence`` section (JSON-ready)."""
+    spec, w = scenario.convergence, scenario.workload
+    law = spec.law.law()
+    out = {"law": spec.law.model_dump(mode="json"), "target_loss": spec.target_loss,
+           "budget_steps": scenario.training.steps, "step_time_s": step_time_s}
+    eff = efficiency(scenario, log)
+    if isinstance(eff, str):
+        out["unavailable"] = eff
+        return out
+    n, tps = n_params(w.model), w.global_batch * w.seq_len
+    out.update(n_params=n, tokens_per_step=tps, floor_loss=cv.floor(law, n), efficiency={
+        "multiplier": eff.multiplier, "low": eff.low, "high": eff.high, "per_seed": list(eff.per_seed),
+        "measured": not is_baseline(scenario),
+        "proxy": {"model": spec.proxy_model, "n_params": n_params(spec.proxy_model), "steps": spec.proxy_steps,
+                  "seeds": spec.proxy_seeds, "seq_len": spec.proxy_seq_len}})
+    budget = scenario.training.steps * tps
+    out["final"] = {"tokens": budget, "time_s": scenario.training.steps * step_time_s,
+                    **_band(lambda m: cv.loss(law, n, budget, m), eff)}
+    horizon = scenario.training.steps
+    if spec.target_loss is not None:
+        steps = {k: _steps(law, n, spec.target_loss, m, tps) for k, m in
+                 (("steps", eff.multiplier), ("steps_low", eff.high), ("steps_high", eff.low))}
+        out["to_target"] = {**steps, **{k.replace("steps", "time_s"): None if v is None else v * step_time_s
+                                        for k, v in steps.items()}}
+        if steps["steps"] is None:
+            out["to_target"]["why"] = (f"never reached: {spec.target_loss:g} is at or below the model's floor "
+                                       f"{cv.floor(law, n):.3f} (E + A / N^alpha)")
+        else:
+            horizon = max(horizon, math.ceil(1.25 * (steps["steps_high"] or steps["steps"])))
+    out["curve"] = [{"step": s, "tokens": s * tps, "time_s": s * step_time_s,
+                     **_band(lambda m: cv.loss(law, n, s * tps, m), eff)} for s in _grid(horizon)]
+    return out
+
+
+def _band(f, eff: cv.Efficiency) -> dict:
+    """The prediction at the multiplier and at its band's ends (more efficient: lower loss)."""
+    return {"loss": f(eff.multiplier), "loss_low": f(eff.high), "loss_high": f(eff.low)}
+
+
+def _grid(horizon: int, points: int = 60) -> list[int]:
+    """Steps 1 .. horizon, evenly spaced in log (the curve's shape is a power law)."""
+    out = sorted({max(1, round(horizon ** (i / (points - 1)))) for i in range(points)})
+    return out if out[-1] == horizon else out + [horizon]

@@ -1,0 +1,123 @@
+"""The report's convergence section: by hand with stub proxies, the cache with a real
+tiny proxy, the one-line answers where there is no prediction, and the CLI."""
+import json
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from oresearcher import convergence as cv
+from oresearcher.scenario import load_scenario
+from oresearcher.sim import convergence as sc_mod
+from oresearcher.sim.__main__ import main
+
+LAW = cv.ScalingLaw(1.0, 0.0, 5.0, 1.0, 0.5)
+
+
+def _stub_runs(monkeypatch, speed: float):
+    """Proxy curves by formula: data parallel follows LAW, the strategy LAW at ``speed``x the steps."""
+    calls = []
+
+    def fake(scenario, data, log=None):
+        calls.append(data["training"]["strategy"])
+        k = 1.0 if data["training"]["strategy"] == "ddp" else speed
+        return [cv.loss(LAW, 1.0, s * k) for s in range(1, data["training"]["steps"] + 1)]
+
+    monkeypatch.setattr(sc_mod, "run_proxy", fake)
+    return calls
+
+
+def test_section_by_hand_with_a_strategy_twice_as_efficient(monkeypatch, tmp_path):
+    calls = _stub_runs(monkeypatch, 2.0)
+    s = load_scenario("scenarios/8xA100.yaml", ["training.strategy=diloco", "convergence.target_loss=2.6",
+                                                "convergence.proxy_seeds=2", f"convergence.cache_dir={tmp_path}"])
+    c = sc_mod.section(s, step_time_s=0.5)
+    assert calls == ["ddp", "diloco"] * 2
+    assert c["efficiency"]["multiplier"] == pytest.approx(2.0, rel=0.03)
+    n, tps = c["n_params"], 64 * 2048
+    m = c["efficiency"]["multiplier"]
+    # by hand: (B / (target - E - A / N^alpha))^(1/beta) / m tokens, / tokens per step, x 0.5 s
+    tokens = (410.7 / (2.6 - 1.69 - 406.4 / n ** 0.34)) ** (1 / 0.28) / m
+    assert c["to_target"]["steps"] == math.ceil(tokens / tps)
+    assert c["to_target"]["time_s"] == pytest.approx(c["to_target"]["steps"] * 0.5)
+    assert c["final"]["loss"] == pytest.approx(1.69 + 406.4 / n ** 0.34 + 410.7 / (m * 200 * tps) ** 0.28)
+    assert c["curve"][-1]["step"] >= c["to_target"]["steps"]
+
+
+def test_data_parallel_is_the_law_and_runs_no_proxy(monkeypatch):
+    calls = _stub_runs(monkeypatch, 2.0)
+    c = sc_mod.section(load_scenario("scenarios/8xA100.yaml", ["training.strategy=ddp", "convergence.proxy_seeds=1"]),
+                       step_time_s=1.0)
+    assert calls == [] and c["efficiency"]["multiplier"] == 1.0 and not c["efficiency"]["measured"]
+    assert "to_target" not in c
+
+
+@pytest.mark.parametrize("sets, why", [
+    (["workload.task=digits", "workload.model=mlp", "simulation.mode=numeric"], "no proxy for task digits"),
+    (["training.strategy=fsdp", "fsdp.replicas=fusion", "fsdp.shard_group_size=4", "agents.roles=null"],
+     "fsdp with fusion replicas"),
+])
+def test_no_prediction_is_one_line(monkeypatch, sets, why):
+    _stub_runs(monkeypatch, 2.0)
+    s = load_scenario("scenarios/8xA100.yaml", sets + ["convergence.target_loss=2.6"])
+    c = sc_mod.section(s, step_time_s=1.0)
+    assert why in c["unavailable"] and "\n" not in c["unavailable"] and "to_target" not in c
+
+
+def test_unreachable_target_says_why(monkeypatch):
+    _stub_runs(monkeypatch, 1.0)
+    s = load_scenario("scenarios/8xA100.yaml", ["training.strategy=diloco", "convergence.target_loss=1.9",
+                                                "convergence.proxy_seeds=1"])
+    t = sc_mod.section(s, step_time_s=1.0)["to_target"]
+    assert t["steps"] is None and "floor" in t["why"]
+
+
+@settings(max_examples=25, deadline=None)
+@given(ms=st.lists(st.floats(0.2, 5.0), min_size=1, max_size=5), target=st.floats(2.1, 4.0))
+def test_band_brackets_the_prediction(ms, target):
+    s = load_scenario("scenarios/8xA100.yaml", ["training.strategy=diloco", f"convergence.target_loss={target}"])
+    orig = sc_mod.efficiency
+    sc_mod.efficiency = lambda scenario, log=None: cv.Efficiency.of(ms)
+    try:
+        c = sc_mod.section(s, step_time_s=1.0)
+    finally:
+        sc_mod.efficiency = orig
+    t = c["to_target"]
+    assert t["steps_low"] <= t["steps"] <= t["steps_high"]
+    for p in c["curve"] + [c["final"]]:
+        assert p["loss_low"] <= p["loss"] <= p["loss_high"]
+
+
+def test_proxy_runs_once_then_comes_from_the_cache(monkeypatch, tmp_path):
+    import oresearcher.sim.simulate as simulate_mod
+
+    runs = []
+    real = simulate_mod.simulate
+    monkeypatch.setattr(simulate_mod, "simulate", lambda *a, **k: runs.append(1) or real(*a, **k))
+    s = load_scenario("scenarios/cpu-tiny.yaml", ["training.strategy=local_sgd", "convergence.proxy_steps=20",
+                                                  "convergence.proxy_seeds=1", f"convergence.cache_dir={tmp_path}"])
+    first = sc_mod.efficiency(s)
+    assert len(runs) == 2 and len(list(tmp_path.glob("*.json"))) == 2
+    again = sc_mod.efficiency(s)
+    assert len(runs) == 2 and again == first
+    curve = json.loads(next(tmp_path.glob("*.json")).read_text())["curve"]
+    assert len(curve) == 20 and curve[-1] < curve[0]  # it learns
+
+
+def test_cli_prints_time_to_target_and_writes_the_section(monkeypatch, tmp_path, capsys):
+    _stub_runs(monkeypatch, 1.5)
+    assert main(["scenarios/8xA100.yaml", "--out", str(tmp_path), "--set", "training.steps=2", "--set",
+                 "convergence.proxy_seeds=1", "--target-loss", "2.6"]) == 0
+    out = capsys.readouterr().out
+    assert "time to loss 2.6:" in out
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["convergence"]["to_target"]["steps"] > 0 and (tmp_path / "convergence.png").is_file()
+
+
+def test_cli_refuses_a_bad_target_in_one_line(capsys):
+    from oresearcher.errors import cli_main
+
+    assert cli_main(main, ["scenarios/8xA100.yaml", "--target-loss", "-1"]) == 2
+    err = capsys.readouterr().err
+    assert "convergence.target_loss" in err and err.count("\n") == 1
