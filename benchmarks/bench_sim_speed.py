@@ -18,11 +18,10 @@ from oresearcher.scenario import load_scenario
 from oresearcher.sim.simulate import simulate
 
 CASES = [
-    # name, overrides, target seconds
-    ("8 ranks x 10,000 steps", ["workload.model=gpt-125m", "training.strategy=ddp", "training.steps=10000"], 10.0),
-    ("1,024 GPUs x 100 steps", ["workload.model=gpt-125m", "training.strategy=ddp", "training.steps=100", "cluster.nodes=128",
-                                "cluster.inter_node=hdr-ib", "cluster.nics_per_node=8", "agents.count=1024",
-                                "agents.roles=null", "workload.global_batch=8192"], 60.0),
+    # name, scenario file, overrides, target seconds
+    ("8 ranks x 10,000 steps", "scenarios/8xA100.yaml",
+     ["workload.model=gpt-125m", "training.strategy=ddp", "training.steps=10000"], 10.0),
+    ("1,024 GPUs x 100 steps", "scenarios/128x8xA100.yaml", ["training.steps=100"], 60.0),
 ]
 
 
@@ -32,13 +31,13 @@ def main():
     ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args()
     print(f"{'case':<26}{'wall s (median)':>16}{'target s':>10}{'ratio':>8}{'ops':>12}{'ops/s':>12}")
-    for name, sets, target in CASES:
+    for name, path, sets, target in CASES:
         if args.quick:
             steps = int(next(s for s in sets if s.startswith("training.steps=")).split("=")[1]) // 10
             sets = [s if not s.startswith("training.steps=") else f"training.steps={steps}" for s in sets]
             target /= 10
-        scenario = load_scenario("scenarios/8xA100.yaml", sets)
-        simulate(load_scenario("scenarios/8xA100.yaml", sets + ["training.steps=1"]), keep_spans=0)  # warm caches
+        scenario = load_scenario(path, sets)
+        simulate(load_scenario(path, sets + ["training.steps=1"]), keep_spans=0)  # warm caches
         walls, ops = [], 0
         for _ in range(1 if args.quick else args.repeats):
             t0 = time.perf_counter()

@@ -36,6 +36,7 @@ from .errors import UserError
 from . import resume, role_mix
 from .scenario import load_raw, load_scenario, output_dir, overridden, strategy_alias_error
 from .scenario_files import find_scenario
+from .tasks import batch_note
 
 log = logging.getLogger("oresearcher.run")
 
@@ -139,9 +140,11 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def scenario_overrides(args, raw: dict) -> list[str]:
-    """``--set`` plus the named flags as ``field=value`` overrides (flags win)."""
+def scenario_overrides(args, raw: dict, labels: dict | None = None) -> list[str]:
+    """``--set`` plus the named flags as ``field=value`` overrides (flags win); ``labels``
+    is filled with override -> the flag that made it, for error messages."""
     out = list(args.set)
+    labels = {} if labels is None else labels
     for flag, path in FLAG_FIELDS.items():
         value = getattr(args, flag)
         if value is None:
@@ -149,6 +152,7 @@ def scenario_overrides(args, raw: dict) -> list[str]:
         if flag == "reward_weights":
             value = "[" + str(value).strip("[]()") + "]"
         out.append(f"{path}={value}")
+        labels[out[-1]] = f"--{flag}={getattr(args, flag)}"
     if args.num_agents is not None:
         cluster = raw.get("cluster") or {}
         if cluster.get("nodes", 1) == 1 and cluster.get("gpus_per_node", 8) < args.num_agents <= 64:
@@ -158,6 +162,7 @@ def scenario_overrides(args, raw: dict) -> list[str]:
             roles = role_mix.override(raw.get("agents"), agents)  # the mix, at the new count
             if roles:
                 out.append(roles)
+        labels.update({t: f"--num_agents={args.num_agents}" for t in out[len(args.set):] if t not in labels})
     return out
 
 
@@ -206,8 +211,8 @@ def load(args):
         scenario, out, diffs = _load_resume(args)
         check_flags_used(args, scenario)
         return scenario, out, diffs
-    path = str(find_scenario(args.scenario or DEFAULT_SCENARIO))
-    scenario = load_scenario(path, scenario_overrides(args, load_raw(path)))
+    path, labels = str(find_scenario(args.scenario or DEFAULT_SCENARIO)), {}
+    scenario = load_scenario(path, scenario_overrides(args, load_raw(path), labels), labels)
     check_flags_used(args, scenario)
     if path != args.scenario:  # the default, or a shipped one: say which
         log.info("scenario file: %s", path)
@@ -225,8 +230,8 @@ def _load_resume(args):
     if not saved_path.is_file():
         raise UserError(f"--resume {args.resume}: no {SAVED_SCENARIO}; not a run directory")
     saved = load_scenario(saved_path)
-    path = args.scenario or saved_path
-    scenario = load_scenario(path, scenario_overrides(args, load_raw(path)))
+    path, labels = args.scenario or saved_path, {}
+    scenario = load_scenario(path, scenario_overrides(args, load_raw(path), labels), labels)
     diffs = resume.changes(saved.resolved(), scenario.resolved())
     # fsdp keeps model and optimizer in DCP, which reshards them to another number of ranks
     # or another layout: the same training state, sharded differently
@@ -262,6 +267,8 @@ def main(argv=None) -> int:
     if denv is not None and denv.restart and not args.resume:
         _restarted(args)
     scenario, out, diffs = load(args)
+    if (denv is None or denv.rank == 0) and (note := batch_note(scenario)):
+        log.warning("%s", note)
     reason = backend_unavailable(args.backend)
     if reason:
         raise UserError(reason)

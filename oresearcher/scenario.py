@@ -15,10 +15,12 @@ the code is seconds, bytes, bytes/s and FLOP/s.
 from __future__ import annotations
 
 import copy
+import difflib
+import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional
 
-from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from . import yamlsafe
 from .cooperation.spec import CooperationSpec, DistillSpec
@@ -230,6 +232,15 @@ class Scenario(Strict):
                 f"agents.count={self.agents.count} is more than the cluster's "
                 f"{self.cluster.world_size} GPUs (one agent per GPU)"
             )
+        c = self.cluster
+        if c.nodes > 1 and self.agents.count <= (c.nodes - 1) * c.gpus_per_node:
+            # agents fill the first GPUs: a whole node left without one would be costed as absent,
+            # so the report would answer for a smaller cluster than the file describes
+            used = -(-self.agents.count // c.gpus_per_node)
+            raise ValueError(
+                f"agents.count={self.agents.count} fills {used} of the cluster's {c.nodes} nodes "
+                f"({c.world_size} GPUs, one agent per GPU): set agents.count={c.world_size} or cluster.nodes={used}"
+            )
         return self
 
     @model_validator(mode="after")
@@ -307,24 +318,77 @@ def apply_override(data: dict, path: list[str], value: Any, label: str) -> None:
     node[path[-1]] = value
 
 
+def _model_of(annotation) -> type[BaseModel] | None:
+    """The section model inside a field's annotation (``Optional[RoleMix]`` -> RoleMix)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    return next(filter(None, map(_model_of, typing.get_args(annotation))), None)
+
+
+def did_you_mean(loc: tuple) -> str:
+    """``; did you mean training.steps?`` for an unknown key at ``loc``: the closest field
+    of the section it sits in (difflib's ratio >= 0.6), or '' when none is close."""
+    model = Scenario
+    for key in loc[:-1]:
+        field = model.model_fields.get(str(key))
+        model = field and _model_of(field.annotation)
+        if model is None:
+            return ""
+    close = difflib.get_close_matches(str(loc[-1]), list(model.model_fields), n=1)
+    return f"; did you mean {'.'.join([*map(str, loc[:-1]), close[0]])}?" if close else ""
+
+
+def as_set(text: str) -> str:
+    """How an override is named in a message: as the user typed it (at most 120 characters)."""
+    return "--set " + (text if len(text) <= 120 else text[:117] + "...")
+
+
+def blame(source: str, err: ValidationError, overrides=(), labels=None, file_alone_valid=None) -> str:
+    """Whom an error names: the ``--set`` (or flag) that wrote the bad field; for an error
+    across fields that the file alone does not have, the overrides; else the file."""
+    label = (labels or {}).get
+    loc = ".".join(str(p) for p in err.errors()[0]["loc"])
+    keys = [(t, t.split("=", 1)[0].strip()) for t in overrides]
+    hit = [t for t, k in keys if loc and (loc == k or loc.startswith(k + ".") or k.startswith(loc + "."))]
+    if hit:  # the last one applied is the value that failed
+        return label(hit[-1]) or as_set(hit[-1])
+    if overrides and file_alone_valid is not None and file_alone_valid():
+        shown = [label(t) or as_set(t) for t in overrides[:3]]
+        return " ".join(shown) + (" ..." if len(overrides) > 3 else "")
+    return source
+
+
 def _format_error(source: str, err: ValidationError) -> str:
     e = err.errors()[0]
-    loc = short(".".join(str(p) for p in e["loc"]), 120).strip("'") or "(top level)"
+    loc = short(".".join(str(p) for p in e["loc"]), 120).strip("'")
     msg = e["msg"].removeprefix("Value error, ")[:300]
+    if e["type"] == "extra_forbidden":
+        msg += did_you_mean(e["loc"])
     got = e.get("input")
     shown = "" if isinstance(got, dict) else f" (got {short(got)})"
     more = len(err.errors()) - 1
     tail = f"; and {more} more error{'s' if more > 1 else ''}" if more else ""
-    return f"{source}: {loc}: {msg}{shown}{tail}"
+    return f"{source}: {loc + ': ' if loc else ''}{msg}{shown}{tail}"  # a check across fields names them
 
 
-def validate(data: Any, source: str) -> Scenario:
+def validate(data: Any, source: str, overrides=(), labels=None, base: Any = None) -> Scenario:
+    """The Scenario of ``data``; UserError naming ``source``, or the override that made the
+    bad value (``base``: the data before ``overrides`` were applied)."""
     if not isinstance(data, dict):
         raise UserError(f"{source}: expected a mapping of sections, got {type(data).__name__}")
     try:
         return Scenario.model_validate(data)
     except ValidationError as e:
-        raise UserError(_format_error(source, e)) from None
+        ok = None if base is None else lambda: _valid(base)
+        raise UserError(_format_error(blame(source, e, list(overrides), labels, ok), e)) from None
+
+
+def _valid(data) -> bool:
+    try:
+        Scenario.model_validate(data)
+        return True
+    except ValidationError:
+        return False
 
 
 def read_yaml(path: str | Path) -> Any:
@@ -336,25 +400,44 @@ def load_raw(path: str | Path, overrides: list[str] = ()) -> dict:
     data = read_yaml(path)
     if not isinstance(data, dict):
         raise UserError(f"{path}: expected a mapping of sections, got {type(data).__name__}")
-    return overridden(data, overrides, str(path))
+    return overridden(data, overrides)
 
 
-def overridden(data: dict, overrides: list[str], label: str) -> dict:
-    """A copy of the raw mapping ``data`` with the ``field=value`` overrides applied."""
+def overridden(data: dict, overrides: list[str], label: str | None = None) -> dict:
+    """A copy of the raw mapping ``data`` with the ``field=value`` overrides applied; an
+    override that cannot apply names ``label``, by default itself (``--set TEXT``)."""
     data = copy.deepcopy(data)
     for text in overrides:
         keys, value = parse_override(text)
-        apply_override(data, keys, value, label)
+        apply_override(data, keys, value, label or as_set(text))
     return data
 
 
-def load_scenario(path: str | Path, overrides: list[str] = ()) -> Scenario:
+def load_scenario(path: str | Path, overrides: list[str] = (), labels: dict[str, str] | None = None) -> Scenario:
     """Read, override and validate one scenario file, the cluster's device and fabric
-    names included (:func:`oresearcher.scenario_cluster.check_profiles`); UserError on any problem."""
-    scenario = validate(load_raw(path, overrides), str(path))
+    names included (:func:`oresearcher.scenario_cluster.check_profiles`); UserError on any problem.
+    An error that an override made names the override (``labels``: override text -> the
+    flag the user typed, default ``--set TEXT``), not the file."""
+    raw = load_raw(path)
+    scenario = validate(overridden(raw, overrides), str(path), overrides, labels, raw)
     scenario._source = Path(path)
     check_profiles(scenario.cluster, str(path), scenario_dir(scenario))
+    check_resize(scenario, overrides, labels)
     return scenario
+
+
+def check_resize(scenario: Scenario, overrides=(), labels=None) -> None:
+    """An override of the cluster's size (``cluster.nodes``, ``cluster.gpus_per_node``)
+    without one of ``agents.count``: one agent runs per GPU, so agents that stayed at the
+    file's count would answer for the old cluster. Refused unless they agree."""
+    keys = {t.split("=", 1)[0].strip(): t for t in overrides}
+    sized = [keys[k] for k in ("cluster.nodes", "cluster.gpus_per_node") if k in keys]
+    world, count = scenario.cluster.world_size, scenario.agents.count
+    if not sized or "agents.count" in keys or "agents" in keys or count == world:
+        return
+    name = (labels or {}).get(sized[-1]) or as_set(sized[-1])
+    raise UserError(f"{name}: the cluster has {world} GPUs but agents.count stays {count} (one agent per "
+                    f"GPU); add --set agents.count={world}, or --set agents.count={count} to keep it on purpose")
 
 
 def scenario_dir(scenario: Scenario) -> Path:

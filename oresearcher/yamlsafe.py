@@ -91,6 +91,9 @@ def parse(text: str, source: str) -> Any:
 def read(path: str | Path) -> Any:
     """Read and parse a YAML file; an empty document is an error."""
     p = Path(path)
+    if p.is_dir():
+        raise UserError(f"{str(p)[:200]}: a directory, not a YAML file (a scenario is one file, "
+                        f"e.g. scenarios/8xA100.yaml)")
     if not p.is_file():
         raise UserError(f"{str(p)[:200]}: no such file")
     try:

@@ -115,3 +115,123 @@ def test_contradicting_flags_are_one_line(flags, words, tmp_path, cli):
     code, _, err = cli(run_main, ["--scenario", scenario(tmp_path), "--out", str(out), *flags])
     one_line(code, err, words)
     assert not out.exists()
+
+
+# ---- the simulator: a cluster the agents do not follow; flags that do nothing ----------------
+def sim(cli, *argv):
+    from oresearcher.sim.__main__ import main as sim_main
+
+    return cli(sim_main, [str(a) for a in argv])
+
+
+@pytest.mark.parametrize("scenario_file, sets, words", [
+    # 16 agents would fill 2 of 128 nodes: the report would answer for 16 GPUs
+    ("scenarios/2x8xA100.yaml", ["cluster.nodes=128"], ["--set cluster.nodes=128", "fills 2 of the cluster's 128",
+                                                        "agents.count=1024"]),
+    ("scenarios/2x8xA100.yaml", ["cluster.nodes=3"], ["--set cluster.nodes=3", "agents.count=24"]),
+    # one node grown: the 8 agents would keep to 8 of its 16 GPUs
+    ("scenarios/8xA100.yaml", ["cluster.gpus_per_node=16"], ["--set cluster.gpus_per_node=16",
+                                                            "agents.count stays 8", "agents.count=16"]),
+])
+def test_a_cluster_the_agents_do_not_fill_is_refused(scenario_file, sets, words, tmp_path, cli):
+    out = tmp_path / "o"
+    code, _, err = sim(cli, scenario_file, "--out", out, *[x for s in sets for x in ("--set", s)])
+    one_line(code, err, *words)
+    assert scenario_file not in err[0]  # the --set made the mismatch, not the file
+    assert not out.exists()
+
+
+def test_a_file_whose_agents_leave_nodes_empty_is_refused(tmp_path, cli):
+    path = tmp_path / "half.yaml"
+    path.write_text(open("scenarios/2x8xA100.yaml").read().replace("count: 16", "count: 8"))
+    code, _, err = sim(cli, path, "--out", tmp_path / "o")
+    one_line(code, err, str(path), "agents.count=8 fills 1 of the cluster's 2 nodes")
+
+
+def test_agents_set_on_purpose_with_the_cluster_pass(tmp_path, cli):
+    """agents.count named beside the cluster's size: the one-node case keeps 4 agents on 8 GPUs."""
+    code, _, err = sim(cli, "scenarios/cpu-tiny.yaml", "--out", tmp_path / "o", "--set", "cluster.gpus_per_node=8",
+                       "--set", "agents.count=4", "--set", "training.steps=1")
+    assert code == 0, err
+
+
+def test_a_rounded_batch_is_printed(tmp_path, cli):
+    """cpu-tiny's 4 agents with a batch of 6: each takes 2 (synthetic-lm rounds up), 8 a step."""
+    code, out, err = sim(cli, "scenarios/cpu-tiny.yaml", "--out", tmp_path / "o", "--set", "workload.global_batch=6",
+                         "--set", "training.steps=1")
+    assert code == 0, err
+    assert "workload.global_batch 6 over 4 agents is 2 each: 8 a step (rounded up)" in out
+    code, out, err = sim(cli, "scenarios/cpu-tiny.yaml", "--out", tmp_path / "p", "--set", "training.steps=1")
+    assert code == 0 and "note: workload.global_batch" not in out  # 16 over 4 splits evenly
+
+
+def test_the_shipped_1024_gpu_scenario_is_the_speed_benchmarks(tmp_path):
+    """benchmarks/bench_sim_speed.py's 1,024-GPU case is this file, one agent per GPU."""
+    from oresearcher.scenario import load_scenario
+
+    sc = load_scenario("scenarios/128x8xA100.yaml")
+    assert sc.cluster.world_size == sc.agents.count == 1024
+    assert sc.workload.global_batch % sc.agents.count == 0
+    assert '"scenarios/128x8xA100.yaml"' in open("benchmarks/bench_sim_speed.py").read()
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--collective-bench", "allreduce"], "did you mean all_reduce?"),
+    (["--collective-bench", "all_reduce", "--sweep", "training.steps=1,2"], "--sweep and --collective-bench"),
+    (["--collective-bench", "all_reduce", "--mode", "shape"], "--mode applies to a simulated training run"),
+    (["--launch", "single-process"], "--launch only applies to --collective-bench"),
+    (["--reference", "curve.csv"], "--reference only applies to --collective-bench"),
+    (["--sweep", "training.steps=1,2", "--set", "training.steps=3"], "both set training.steps"),
+    (["--bogus"], "unrecognized arguments: --bogus"),
+])
+def test_sim_flags_that_would_do_nothing_are_one_line(flags, words, tmp_path, cli):
+    out = tmp_path / "o"
+    code, stdout, err = sim(cli, "scenarios/cpu-tiny.yaml", "--out", out, *flags)
+    one_line(code, err, words)
+    assert "usage:" not in stdout + " ".join(err) and not out.exists()
+
+
+# ---- messages: did you mean, whose error, a directory ---------------------------------------
+@pytest.mark.parametrize("text, words", [
+    ("trainig: {steps: 2}\n", "trainig: Extra inputs are not permitted; did you mean training?"),
+    ("training: {stpes: 2}\n", "did you mean training.steps?"),
+    ("agents: {count: 2, roles: {explorr: 2}}\n", "did you mean agents.roles.explorer?"),
+    ("communication: {bucket_size: 5}\n", "did you mean communication.bucket_size_MB?"),
+])
+def test_a_misspelt_key_in_a_file_gets_did_you_mean(text, words, tmp_path, cli):
+    path = tmp_path / "typo.yaml"
+    path.write_text(TINY.replace("STRATEGY", "ddp").replace("training: {strategy: ddp, steps: 4, lr: 0.1}\n", "")
+                    .replace("agents: {count: 2}\n", "") + text)
+    code, _, err = sim(cli, path, "--out", tmp_path / "o")
+    one_line(code, err, str(path), words)
+
+
+def test_a_far_off_key_gets_no_guess(tmp_path, cli):
+    code, _, err = sim(cli, "scenarios/cpu-tiny.yaml", "--set", "zzzz=1")
+    one_line(code, err, "zzzz: Extra inputs are not permitted")
+    assert "did you mean" not in err[0]
+
+
+@pytest.mark.parametrize("sets, words", [
+    (["training.stpes=3"], "--set training.stpes=3: training.stpes: Extra inputs are not permitted; did you mean "
+                           "training.steps?"),
+    (["communication.bucket_size_MB=-1"], "--set communication.bucket_size_MB=-1: communication.bucket_size_MB"),
+    (["training.steps=5", "training.steps.x=1"], "--set training.steps.x=1: "),
+    (["agents.count=5"], "--set agents.count=5: agents.count=5 is more than the cluster's 4 GPUs"),  # across fields
+])
+def test_errors_a_set_made_name_the_set_not_the_file(sets, words, tmp_path, cli):
+    code, _, err = sim(cli, "scenarios/cpu-tiny.yaml", "--out", tmp_path / "o", *[x for s in sets for x in ("--set", s)])
+    one_line(code, err, words)
+    assert "cpu-tiny.yaml" not in err[0]
+
+
+def test_run_flag_errors_name_the_flag(tmp_path, cli):
+    code, _, err = cli(run_main, ["--scenario", scenario(tmp_path), "--out", str(tmp_path / "o"), "--lr=100"])
+    one_line(code, err, "--lr=100.0: training.lr")
+
+
+def test_a_directory_given_as_scenario_says_so(tmp_path, cli):
+    code, _, err = sim(cli, tmp_path)
+    one_line(code, err, f"{tmp_path}: a directory, not a YAML file")
+    code, _, err = cli(run_main, ["--scenario", str(tmp_path)])
+    one_line(code, err, "a directory")

@@ -106,7 +106,7 @@ MALFORMED = {
     "device model typo": (BASE.replace("cpu-local", "cpu-local:rooflin"), "must be flat or roofline"),
     "fabric typo": (BASE.replace("loopback", "loopbak"),
                     "cluster.intra_node: unknown fabric profile 'loopbak' (known: "),
-    "inter-node typo": (BASE.replace("nodes: 1, gpus_per_node: 4", "nodes: 2, gpus_per_node: 2, inter_node: hdr"),
+    "inter-node typo": (BASE.replace("nodes: 1, gpus_per_node: 4", "nodes: 2, gpus_per_node: 1, inter_node: hdr"),
                         "cluster.inter_node: unknown fabric profile 'hdr' (known: hdr-ib, loopback, ndr-ib,"),
 }
 

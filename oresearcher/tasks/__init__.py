@@ -45,4 +45,26 @@ def agent_model(scenario, rank: int, mode: str, models) -> tuple[str, int]:
     arch = archs[rank] if archs else scenario.workload.model
     if arch not in models:
         raise UserError(f"workload.model: {task} has models {', '.join(models)} (got {arch!r})")
-    return arch, max(1, scenario.workload.global_batch // scenario.world_size)
+    return arch, per_agent_batch(scenario)
+
+
+def per_agent_batch(scenario) -> int:
+    """Samples each agent takes a step: ``workload.global_batch`` split over the agents, at
+    least one; synthetic-lm rounds the share up (:func:`~.synthetic_lm.micro_batch`), the
+    other tasks down."""
+    if scenario.workload.task == "synthetic-lm":
+        from .synthetic_lm import micro_batch
+
+        return micro_batch(scenario)
+    return max(1, scenario.workload.global_batch // scenario.world_size)
+
+
+def batch_note(scenario) -> str | None:
+    """One line when the agents' shares do not add up to ``workload.global_batch`` (it does
+    not split evenly, or there are more agents than samples), else None."""
+    asked, agents = scenario.workload.global_batch, scenario.world_size
+    per = per_agent_batch(scenario)
+    if per * agents == asked:
+        return None
+    return (f"note: workload.global_batch {asked} over {agents} agents is {per} each: {per * agents:,} a step "
+            f"(rounded {'up' if per * agents > asked else 'down'})")
