@@ -116,6 +116,8 @@ def _nccl_plan(kind, ranks, S, topo, requested, root) -> Plan:
     groups = ranks_by_node(ranks, topo.node_of)
     nodes = len(groups) if groups else len({topo.node_of[r] for r in ranks})
     total = S * len(ranks) if kind == "AllGather" else S  # NCCL counts the whole buffer
+    if nodes > 1 and topo.net_channels(ranks, p.channels) < p.channels:  # fewer NICs than channels
+        p = p.model_copy(update={"channels": topo.net_channels(ranks, p.channels)})
     c = N.choose(kind, total, len(ranks), nodes, topo.bus_bandwidth(ranks), p, _nccl_net(topo, nodes > 1), requested)
     rails = min(p.channels, len(groups[0])) if (groups and nodes > 1) else 1
     ph = _rail_phases(kind, c.algorithm, ranks, S, groups if nodes > 1 else None, rails, root)

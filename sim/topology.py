@@ -11,6 +11,11 @@ directional with a capacity in bytes/s (already times the fabric's efficiency):
   a non-blocking fat tree. Local GPU i uses NIC ``i * nics // gpus_per_node`` (rail
   alignment, as DGX nodes pair GPUs and NICs); a -> b across nodes crosses
   ``nic_up[node(a), nic(a)], nic_down[node(b), nic(b)]``.
+
+GPU-to-NIC affinity: with fewer NICs than GPUs, the GPUs that use one NIC sit with it on one
+PCIe switch (HGX A100 boards with 4 NICs: two GPUs and one NIC per switch), so GPUDirect RDMA
+stays under the switch and the NIC's link is what they share (:meth:`Topology.nic_groups`).
+NCCL's channels across nodes follow the NICs (:meth:`Topology.net_channels`).
 """
 from __future__ import annotations
 
@@ -28,6 +33,7 @@ class Topology:
     inter: Optional[FabricProfile] = None
     nics_per_node: int = 1
     launch: str = "per-process"  # NCCL host side: one process per GPU, or one driving all ("single-process")
+    network: Optional[tuple] = None  # (kind, [tiers.Tier]) switches between the NICs; None: one flat switch
     capacity: list = field(default_factory=list)  # bytes/s per link
     names: list = field(default_factory=list)
     _routes: dict = field(default_factory=dict)
@@ -50,6 +56,11 @@ class Topology:
                 for k in range(self.nics_per_node):
                     self.nic_up[n, k] = self._link(f"n{n}.nic{k}.up", self.inter.bandwidth)
                     self.nic_down[n, k] = self._link(f"n{n}.nic{k}.down", self.inter.bandwidth)
+        self.switches = None  # sim/tiers.py: multi-tier fat tree or rail-optimised network
+        if self.network is not None and self.nodes > 1:
+            from .tiers import TierNetwork
+
+            self.switches = TierNetwork(*self.network, self._link, self.nodes, self.nics_per_node)
 
     def _link(self, name: str, capacity: float) -> int:
         self.names.append(name)
@@ -58,6 +69,24 @@ class Topology:
 
     def nic(self, rank: int) -> int:
         return (rank % self.gpus_per_node) * self.nics_per_node // self.gpus_per_node
+
+    def nic_groups(self) -> list[list[int]]:
+        """Local GPU indices behind each NIC of a node (those GPUs share the NIC and its
+        PCIe switch); a NIC no GPU maps to (more NICs than GPUs) is left out."""
+        groups = {}
+        for i in range(self.gpus_per_node):
+            groups.setdefault(self.nic(i), []).append(i)
+        return [groups[k] for k in sorted(groups)]
+
+    def nics_reached(self, ranks) -> int:
+        """NICs the ranks of ``ranks[0]``'s node use."""
+        return len({self.nic(r) for r in ranks if self.node_of[r] == self.node_of[ranks[0]]})
+
+    def net_channels(self, ranks, channels: int) -> int:
+        """Channels NCCL runs a collective on across nodes: its network graph search gives
+        one ring or tree per NIC a node's GPUs reach (search.cc, ncclTopoSearchRecNet) and
+        ncclTopoPreset duplicates them (connect.cc); at most the fabric's ``channels``."""
+        return min(channels, 2 * self.nics_reached(ranks))
 
     def same_node(self, a: int, b: int) -> bool:
         return self.node_of[a] == self.node_of[b]
@@ -73,7 +102,9 @@ class Topology:
                 mid = (self.bridge[self.node_of[src]],) if self.bridge else ()
                 r = (self.up[src], *mid, self.down[dst])
             else:
-                r = (self.nic_up[self.node_of[src], self.nic(src)], self.nic_down[self.node_of[dst], self.nic(dst)])
+                a, b = (self.node_of[src], self.nic(src)), (self.node_of[dst], self.nic(dst))
+                mid = self.switches.path(*a, *b) if self.switches is not None else ()
+                r = (self.nic_up[a], *mid, self.nic_down[b])
             self._routes[key] = r
         return r
 
@@ -86,7 +117,7 @@ class Topology:
         bw = self.intra.bandwidth
         first = [r for r in ranks if self.node_of[r] == self.node_of[ranks[0]]]
         if self.inter is not None and len(first) < len(ranks):
-            bw = min(bw, len({self.nic(r) for r in first}) * self.inter.bandwidth)
+            bw = min(bw, self.nics_reached(ranks) * self.inter.bandwidth)
         return bw
 
     def protocol(self, ranks) -> FabricProfile:
@@ -98,7 +129,7 @@ class Topology:
 
 def build_topology(world_size: int, gpus_per_node: int, intra: FabricProfile,
                    inter: Optional[FabricProfile] = None, nics_per_node: int = 1,
-                   launch: str = "per-process") -> Topology:
+                   launch: str = "per-process", network: Optional[tuple] = None) -> Topology:
     if launch not in ("per-process", "single-process"):
         raise ValueError(f"launch must be per-process or single-process, got {launch!r}")
-    return Topology(world_size, gpus_per_node, intra, inter, nics_per_node, launch)
+    return Topology(world_size, gpus_per_node, intra, inter, nics_per_node, launch, network=network)
