@@ -17,6 +17,7 @@ from typing import Annotated, Optional
 
 from pydantic import Field, model_validator
 
+from .scenario_network import NetworkSpec
 from .scenario_types import MAX_WORLD, Int, Name, Strict
 
 
@@ -28,6 +29,8 @@ class ClusterSpec(Strict):
     intra_node: Name = Field("nvswitch-a100", description="fabric profile inside a node")
     inter_node: Optional[Name] = Field(None, description="fabric profile between nodes (NICs + switch)")
     nics_per_node: Int = Field(1, ge=1, le=64, description="network cards per node on inter_node")
+    network: Optional[NetworkSpec] = Field(None, description="switch tiers between the NICs (scenario_network.py); "
+                                           "none: one non-blocking switch")
     profile_files: list[Annotated[str, Field(min_length=1, max_length=4096)]] = Field(
         default_factory=list, max_length=16,
         description="extra profile YAML files (e.g. from `oresearcher.calibrate`), relative to the scenario",
@@ -43,6 +46,12 @@ class ClusterSpec(Strict):
             raise ValueError(f"nodes x gpus_per_node = {self.world_size} is more than {MAX_WORLD} ranks")
         if self.nodes > 1 and not self.inter_node:
             raise ValueError("a cluster with more than one node needs cluster.inter_node")
+        if self.network is not None:
+            from .sim.tiers import check_tiers
+
+            why = check_tiers(self.network.kind, self.network.tiers, self.nodes)
+            if why:
+                raise ValueError(why)
         return self
 
 
@@ -52,17 +61,19 @@ def check_profiles(cluster: ClusterSpec, source: str, base_dir: Path) -> None:
     wrong). A listed profile file that is not there is left to the simulator, which
     reports it, and a name it could hold is not judged: the saved copy of a run
     (``runs/.../scenario.yaml``) keeps the relative paths of the scenario it came from."""
-    from .sim.hardware import builtin_profiles, load_profile_file, lookup
+    from .sim.hardware import add_profiles, builtin_profiles, load_profile_file, lookup
 
     cat, missing = dict(builtin_profiles()), False
     for f in cluster.profile_files:
         path = Path(f) if Path(f).is_absolute() else base_dir / f
         if path.is_file():
-            cat.update({(p.kind, p.name): p for p in load_profile_file(path)})
+            add_profiles(cat, load_profile_file(path), str(path))
         else:
             missing = True
-    for kind, field in (("device", "device"), ("fabric", "intra_node"), ("fabric", "inter_node")):
-        name = getattr(cluster, field)
+    tiers = [(f"network.tiers[{i}].fabric", t.fabric) for i, t in enumerate(cluster.network.tiers)] \
+        if cluster.network else []
+    for kind, field, name in [(k, f, getattr(cluster, f)) for k, f in (
+            ("device", "device"), ("fabric", "intra_node"), ("fabric", "inter_node"))] + [("fabric", *t) for t in tiers]:
         if name is None or (missing and (kind, name.partition(":")[0] if kind == "device" else name) not in cat):
             continue
         lookup(cat, kind, name, f"{source}: cluster.{field}")  # raises the one line

@@ -47,7 +47,15 @@ def build_cluster(scenario: Scenario):
         raise UserError(f"{src}: cluster.device {device.name!r} has no host_link_GBps, which hosted agents "
                         "(cooperation.allocation.agents_per_device > 1) need to price their switches; add it to "
                         "the profile (oresearcher.calibrate writes it for such a scenario)")
-    topo = build_topology(scenario.world_size, cl.gpus_per_node, intra, inter, cl.nics_per_node)
+    network = None
+    if cl.network is not None:  # sim/tiers.py: each tier's uplinks priced by its own fabric
+        from .tiers import Tier
+
+        fabrics = [inter if t.fabric is None else lookup(cat, "fabric", t.fabric, f"{src}: cluster.network.tiers[{i}]"
+                                                         ".fabric") for i, t in enumerate(cl.network.tiers)]
+        network = (cl.network.kind, [Tier(t.group, float(t.oversubscription), f.bandwidth)
+                                     for t, f in zip(cl.network.tiers, fabrics)])
+    topo = build_topology(scenario.world_size, cl.gpus_per_node, intra, inter, cl.nics_per_node, network=network)
     return device, topo
 
 
