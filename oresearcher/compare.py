@@ -128,6 +128,34 @@ def worst_headline(rows: list[dict]) -> float:
     return max(errs, default=0.0)
 
 
+def profile_lines(predicted: dict, measured: dict) -> list[str]:
+    """Which hardware profiles the prediction priced the run with (the report's saved
+    ``cluster``) and, when they are the shipped ones (``sim/profiles``: published or rough
+    figures, not this machine), the command that measures this machine instead. An
+    uncalibrated prediction of a CPU run can be off by a factor; the table alone does not
+    say whether the model or its inputs are wrong."""
+    from .sim.hardware import builtin_profiles
+
+    cluster = (predicted.get("scenario") or {}).get("cluster")
+    if not isinstance(cluster, dict) or predicted.get("backend") != "sim":
+        return []
+    shipped = dict(builtin_profiles())
+    named = [("device", str(cluster.get("device") or "").partition(":")[0]),
+             ("fabric", str(cluster.get("intra_node") or ""))]
+    if cluster.get("inter_node"):
+        named.append(("fabric", str(cluster["inter_node"])))
+    files = cluster.get("profile_files") or []
+    default = [n for kind, n in named if (kind, n) in shipped]
+    names = ", ".join(n[:60] for _, n in named)
+    if not default:
+        return [f"prediction priced with profiles {names} from {', '.join(map(str, files))[:120]}"]
+    name = str((predicted.get("scenario") or {}).get("name", "S"))[:64]
+    backend = measured.get("backend") if measured.get("backend") in ("gloo", "nccl") else "gloo"
+    return [f"prediction priced with the shipped default profiles {names} (sim/profiles), not this machine's;",
+            f"calibrate: python -m oresearcher.calibrate --backend={backend} --scenario scenarios/{name}.yaml, then",
+            f"name runs/{name}/profile.yaml in cluster.profile_files and its profiles in cluster.device/intra_node"]
+
+
 def print_table(rows: list[dict], title: str) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -160,6 +188,7 @@ def main(argv=None) -> int:
     name = (meas.get("scenario") or {}).get("name", "")
     print_table(rows, f"{name}: {pred.get('backend', '?')} prediction vs {meas.get('backend', '?')} "
                       f"measurement, {meas.get('world_size', '?')} ranks")
+    print("\n".join(profile_lines(pred, meas)))
     if args.max_error is not None and worst_headline(rows) > args.max_error:
         print(f"error: a headline figure is off by {worst_headline(rows):.1%} (> {args.max_error:.0%})", file=sys.stderr)
         return 1

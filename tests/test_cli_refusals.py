@@ -235,3 +235,38 @@ def test_a_directory_given_as_scenario_says_so(tmp_path, cli):
     one_line(code, err, f"{tmp_path}: a directory, not a YAML file")
     code, _, err = cli(run_main, ["--scenario", str(tmp_path)])
     one_line(code, err, "a directory")
+
+
+# ---- compare says what the prediction was priced with ---------------------------------------
+def _compare_reports(tmp_path, cluster):
+    import json
+
+    base = {"step_time_s": 0.02, "compute_time_s": 0.015, "comm_time_s": 0.004, "exposed_comm_time_s": 0.005,
+            "comm_overhead": 0.25, "wire_bytes_per_step": 3.4e6, "world_size": 2,
+            "scenario": {"name": "local-gloo", "training": {"strategy": "ddp"}, "cluster": cluster}}
+    pred, meas = tmp_path / "pred.json", tmp_path / "meas.json"
+    pred.write_text(json.dumps(dict(base, backend="sim")))
+    meas.write_text(json.dumps(dict(base, backend="gloo", step_time_s=0.035)))
+    return str(pred), str(meas)
+
+
+def test_compare_names_the_default_profiles_and_how_to_calibrate(tmp_path, cli):
+    from oresearcher.compare import main as compare_main
+
+    pred, meas = _compare_reports(tmp_path, {"device": "cpu-local", "intra_node": "loopback", "profile_files": []})
+    code, out, err = cli(compare_main, [pred, meas])
+    assert code == 0, err
+    assert "prediction priced with the shipped default profiles cpu-local, loopback (sim/profiles)" in out
+    assert "python -m oresearcher.calibrate --backend=gloo --scenario scenarios/local-gloo.yaml" in out
+    assert "runs/local-gloo/profile.yaml in cluster.profile_files" in out
+
+
+def test_compare_names_calibrated_profiles_without_the_hint(tmp_path, cli):
+    from oresearcher.compare import main as compare_main
+
+    pred, meas = _compare_reports(tmp_path, {"device": "cpu-calibrated", "intra_node": "gloo-calibrated",
+                                             "profile_files": ["profile.yaml"]})
+    code, out, err = cli(compare_main, [pred, meas])
+    assert code == 0, err
+    assert "prediction priced with profiles cpu-calibrated, gloo-calibrated from profile.yaml" in out
+    assert "calibrate:" not in out
