@@ -81,7 +81,8 @@ def scenario(task: str, method: str, seed: int, lr_mult: float, size: str, steps
 
     file, _, extra, sizes = TASKS[task]
     n, interval, distill = sizes[size]
-    sets = [*A100, *extra, f"seed={seed}", f"communication.interval={interval}",
+    agents = load_scenario(ROOT / "scenarios" / file, extra).agents.count  # kept on the A100 clock's 8 GPUs
+    sets = [*A100, f"agents.count={agents}", *extra, f"seed={seed}", f"communication.interval={interval}",
             f"training.local_steps={interval}", f"training.eval_every={interval}"]
     if distill:
         sets.append(f"distill.steps={distill}")

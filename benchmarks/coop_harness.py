@@ -9,8 +9,10 @@ the final learners kept, a population-based-training baseline, one test metric p
   simulator charges. Test-set evaluations are measurement and carry no FLOPs.
 - :func:`pbt` is population-based training alone (Jaderberg et al., "Population Based
   Training of Neural Networks", 2017): agents train independently; every
-  ``communication.interval`` steps each scores itself on the validation split (charged),
-  the scores and parameters are all-gathered, and the bottom quarter copies a top-quarter
+  ``communication.interval`` steps each scores itself on the validation split (charged;
+  a subsample costing the cooperative validators' share of its round's FLOPs where the
+  task can predict on given rows), the scores and parameters are all-gathered, and the
+  bottom quarter copies a top-quarter
   agent's parameters (exploit) with its learning-rate multiplier times 0.8 or 1.2
   (explore). No roles, no fusion, no shaped loss, no gradient sharing. The copied agent
   keeps its own optimizer state (the ops carry parameters only).
@@ -24,7 +26,10 @@ from contextlib import contextmanager
 
 import torch
 
+from oresearcher.cooperation import validation as V
 from oresearcher.cooperation.roles import pbt_perturb
+from oresearcher.programs.cooperative_round import score_rows
+from oresearcher.seeds import STREAM, derive
 from oresearcher.ops import AllGather, Compute, StepDone, tap
 from oresearcher.programs.cooperative_round import _gen, round_lengths
 from oresearcher.programs.data_parallel import local_step
@@ -50,16 +55,26 @@ def pbt(ctx, learner):
                 yield StepDone(step, metrics)
                 step += 1
         if rnd < len(rounds) - 1:
-            yield from _exploit(ctx, learner, arch, lr_mult, rnd, losses)
+            yield from _exploit(ctx, learner, arch, lr_mult, rnd, losses, length)
         metrics = dict(metrics, lr_mult=lr_mult[rank], **(yield Compute(learner.evaluate, name="evaluate")))
         yield StepDone(step, metrics)
         step += 1
 
 
-def _exploit(ctx, learner, arch, lr_mult, rnd, losses):
+def _exploit(ctx, learner, arch, lr_mult, rnd, losses, length):
     sc, n, rank = ctx.scenario, ctx.world_size, ctx.rank
     flat = yield Compute(learner.flat_params, name="pack")
-    if hasattr(learner, "evaluate_params"):  # validation score, charged as the validators' are
+    # scored on the cooperative validators' share of this round's FLOPs (its own steps), as
+    # they are, where the task can predict on given rows; else on the whole split
+    share = sc.cooperation.roles.validation_share
+    budget = None if share is None else (share * length * float(learner.fwd_flops + learner.bwd_flops),
+                                         derive(sc.seed, rnd, 31, prime=STREAM))
+    rows = score_rows(ctx, learner, budget, agents=1)
+    if rows is not None:
+        res = yield Compute(V.shard_scores, learner, flat, arch, 0, 1, rows, name="validate")
+        yield Compute(flops=float(res.get("flops", 0.0)), name="validate")
+        score = float(res["metric"])
+    elif hasattr(learner, "evaluate_params"):  # validation score, charged as the validators' are
         res = yield Compute(learner.evaluate_params, flat, arch, name="validate")
         yield Compute(flops=float(res.get("flops", 0.0)), name="validate")
         score = float(res["metric"])

@@ -73,3 +73,42 @@ def test_two_validators_score_different_shards():
 def test_without_predict_hooks_one_validator_scores():
     sent, _, n = _reports(_NoShards)
     assert [r for r in range(n) if sent[r][0][-1] > 0.5] == [2]
+
+
+def test_subsample_size_by_hand():
+    assert V.subsample_size(359, 1e6, 1000.0, 4) == 250  # 1e6 / (4 x 1000)
+    assert V.subsample_size(359, 1e4, 1000.0, 4) == V.MIN_ROWS  # never fewer than 32 rows
+    assert V.subsample_size(20, 1e4, 1000.0, 4) == 20  # ... unless the split is smaller
+    assert V.subsample_size(359, 1e9, 1000.0, 4) == 359  # never more than the split
+    rows = V.subsample_rows(359, 100, seed=5)
+    assert len(set(rows.tolist())) == 100 and torch.equal(rows, V.subsample_rows(359, 100, seed=5))
+
+
+def test_validators_spend_their_share_of_each_rounds_training_flops():
+    share = 0.5
+    sc = load_scenario(DIGITS, SETS + ["training.steps=18", f"cooperation.roles.validation_share={share}"])
+    n = sc.world_size
+    learners = [make_learner(sc, r, mode="numeric") for r in range(n)]
+    prog = get_program(sc.training.strategy)
+    train, val = [[0.0] * 3 for _ in range(n)], [[0.0] * 3 for _ in range(n)]
+
+    def spy(rank, gen):
+        rnd = [0]
+
+        def on_op(op):
+            if isinstance(op, O.Compute) and op.flops and rnd[0] < 3:
+                if op.name == "fwd_bwd":
+                    train[rank][rnd[0]] += op.flops
+                elif op.name == "validate":
+                    val[rank][rnd[0]] += op.flops
+            elif isinstance(op, O.StepDone) and "reward" in op.metrics:
+                rnd[0] += 1
+        return tap(gen, on_op)
+
+    run_programs([spy(r, prog(AgentContext(r, n, sc, mode="numeric"), x)) for r, x in enumerate(learners)])
+    per_sample = learners[0].eval_flops / len(learners[0].task_data("val")[1])
+    for r in range(2):  # the last round's validation is followed by the final scoring: rounds 0 and 1
+        budget = share * sum(t[r] for t in train)
+        spent = sum(v[r] for v in val)
+        print(f"round {r}: validators {spent:.4g} FLOPs of a budget {budget:.4g}")
+        assert budget - n * per_sample < spent <= budget * (1 + 1e-9)  # floor(budget / (n x per row)) rows

@@ -32,6 +32,10 @@ class RolePolicySpec(Strict):
     knob_range: tuple[Float, Float] = Field((0.5, 2.0), description="[lo, hi]: initial per-agent multipliers of "
                                             "the role's own knob (explorer_noise, sam_rho), log-uniform like "
                                             "lr_range, perturbed like it (ratios, 0.001..1000)")
+    validation_share: Optional[Float] = Field(0.1, gt=0, le=10, description="validators score each round a "
+                                              "subsample of the validation split costing this share of the "
+                                              "round's training FLOPs (ratio; null: the whole split; tasks "
+                                              "that cannot predict on given rows always score it whole)")
     perturb_factor: Float = Field(1.25, ge=1, le=10, description="PBT explore: a multiplier is multiplied by "
                                   "1/f or f (a fair coin) after an exploit and every round for explorers (ratio)")
 

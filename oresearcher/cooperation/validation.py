@@ -11,6 +11,11 @@ Several validators scoring every agent on the same split compute the same number
 - otherwise (tasks without those hooks, or with the trained ensemble, whose novelty is
   fitted on the whole split) one validator, the lowest-ranked, scores; the others report
   nothing (decode_reports averages only the validators that reported).
+
+Scoring is held to a fixed share of the compute (``cooperation.roles.validation_share``):
+each round the validators score a seeded subsample of the split whose size makes their
+evaluations cost that share of the round's training FLOPs (:func:`subsample_size`), not
+the whole split every round, where the split is large next to the training a round does.
 """
 from __future__ import annotations
 
@@ -35,12 +40,34 @@ def shard_rows(total: int, v: int, count: int) -> torch.Tensor:
     return torch.arange(total)[v::count]
 
 
-def shard_scores(learner, flat: torch.Tensor, arch: str, v: int, count: int) -> dict:
-    """One agent on validator ``v``'s shard: the keys of ``evaluate_params``."""
+MIN_ROWS = 32  # a subsample never smaller (unless the split is): an accuracy from fewer is noise
+
+
+def subsample_size(total: int, budget_flops: float, per_sample_flops: float, agents: int) -> int:
+    """Rows the validators score each agent on so that scoring all ``agents`` costs
+    ``budget_flops`` (a share of the round's training FLOPs): floor(budget / (agents *
+    per-sample FLOPs)), at least :data:`MIN_ROWS`, at most the whole split."""
+    if per_sample_flops <= 0 or agents <= 0:
+        return total
+    return max(min(total, MIN_ROWS), min(total, int(budget_flops // (agents * per_sample_flops))))
+
+
+def subsample_rows(total: int, size: int, seed: int) -> torch.Tensor:
+    """A seeded subset of ``size`` of ``total`` rows (sorted): the same on every rank for
+    one round (all agents scored on the same rows), another each round."""
+    if size >= total:
+        return torch.arange(total)
+    g = torch.Generator().manual_seed(seed)
+    return torch.randperm(total, generator=g)[:size].sort().values
+
+
+def shard_scores(learner, flat: torch.Tensor, arch: str, v: int, count: int, rows=None) -> dict:
+    """One agent on validator ``v``'s shard of ``rows`` (default: the whole validation
+    split): the keys of ``evaluate_params``."""
     from ..tasks.digits import expected_calibration_error
 
     X, y = learner.task_data("val")
-    rows = shard_rows(len(y), v, count)
+    rows = (torch.arange(len(y)) if rows is None else rows)[v::count]
     logits, flops = learner.predict_params(flat, arch, X[rows])
     y = y[rows].cpu()
     probs = logits.softmax(-1)

@@ -63,6 +63,7 @@ from ..cooperation.allocation import AllocationState
 from ..cooperation.budget_round import BudgetRun
 from ..cooperation.fusion import fuse, group_weights
 from ..ops import Compute, StepDone
+from ..seeds import STREAM, derive
 from ..cooperation.outer import OuterNesterov
 from ..cooperation.replay import PrioritizedReplay
 from ..cooperation.rewards import agreement_weight, scheduled_weights
@@ -158,6 +159,7 @@ def cooperative(ctx, learner):
         st.round = rnd
         role, steps_now = st.roles[rank], loop.steps_now
         _configure(learner, cfg, role, st.lr_mult[rank], sc)
+        _set_peer_term(learner, cfg.rewards, rnd / len(rounds))  # the progress the last round ended at
         my_steps = max(1, steps_now[rank])  # >= 1 so every round ends on a StepDone
         shared_steps = min(max(1, steps_now[i]) for i in members)
         world_steps = min(max(1, x) for x in steps_now)  # replay rounds: every agent takes part
@@ -188,8 +190,10 @@ def cooperative(ctx, learner):
         progress = (rnd + 1) / len(rounds)
         if budget is not None:
             budget.timer.local_done()
+        val_budget = _validation_budget(sc, learner, st, steps_now, rnd)
         info, steps_next = yield from _round_end(ctx, learner, st, alloc, outer, swa, ids, pad_to, losses, progress,
-                                                 units=n * rounds[rnd + 1] if rnd + 1 < len(rounds) else 0)
+                                                 units=n * rounds[rnd + 1] if rnd + 1 < len(rounds) else 0,
+                                                 budget=val_budget)
         metrics.update(info)
         if budget is not None and rnd + 1 < len(rounds):  # decide the next round on gathered timings
             budget.timer.sync_done()
@@ -197,7 +201,7 @@ def cooperative(ctx, learner):
         if privacy is not None:  # per agent, at the scenario's delta (report and TensorBoard)
             metrics.update(epsilon=privacy.epsilon(), noise_multiplier=privacy.sigma)
         if rnd == len(rounds) - 1:
-            metrics.update((yield from _final(ctx, learner, st, ids, pad_to, losses)))
+            metrics.update((yield from _final(ctx, learner, st, ids, pad_to, losses, val_budget)))
         elif ctx.eval_interval > 0 and ctx.numeric:
             metrics.update((yield Compute(learner.evaluate, name="evaluate")))
         loop.round, loop.step, loop.steps_now = rnd + 1, step + 1, list(steps_next)
@@ -205,6 +209,17 @@ def cooperative(ctx, learner):
         yield StepDone(step, metrics)
         step += 1
     return getattr(learner, "cooperative_result", None)
+
+
+def _validation_budget(sc, learner, st, steps_now, rnd):
+    """(FLOPs, seed) the validators may spend this round: ``roles.validation_share`` of the
+    round's training FLOPs (every agent's steps x its step's units x this agent's step
+    FLOPs, peers' forwards included); None: score the whole split."""
+    share = sc.cooperation.roles.validation_share
+    if share is None:
+        return None
+    units = sum(max(1, k) * step_cost(r, sc.cooperation.roles.optimizer_method) for k, r in zip(steps_now, st.roles))
+    return share * units * float(learner.fwd_flops + learner.bwd_flops), derive(sc.seed, rnd, 31, prime=STREAM)
 
 
 def _privacy(ctx, learner):
@@ -239,8 +254,6 @@ def _resumed(ctx, learner, loop, rounds) -> None:
         learner.set_reward_weights(scheduled_weights(sc.agents.reward_weights, loop.round / len(rounds),
                                                      sc.cooperation.rewards.schedule,
                                                      sc.cooperation.rewards.novelty_boost))
-    if loop.round:
-        _set_peer_term(learner, sc.cooperation.rewards, loop.round / len(rounds))
 
 
 def _set_peer_term(learner, rewards, progress: float) -> None:
@@ -262,7 +275,7 @@ def _configure(learner, cfg, role, lr_mult, sc) -> None:
         learner.set_exploration(cfg.roles.explorer_epsilon_scale if role == "explorer" else 1.0)
 
 
-def _round_end(ctx, learner, st, alloc, outer, swa, ids, pad_to, losses, progress, units):
+def _round_end(ctx, learner, st, alloc, outer, swa, ids, pad_to, losses, progress, units, budget=None):
     """Gather, validate, decide, fuse; returns (metrics of this round, next round's steps)."""
     sc, cfg, rank, n = ctx.scenario, ctx.scenario.cooperation, ctx.rank, ctx.world_size
     if swa.count:
@@ -270,11 +283,10 @@ def _round_end(ctx, learner, st, alloc, outer, swa, ids, pad_to, losses, progres
     flats = yield from gather_params(ctx, learner, pad_to)
     numeric = ctx.numeric and flats[0].device.type != "meta"
     train_loss = float(torch.tensor(losses).nanmean()) if losses else float("nan")
-    pub = yield from validate(ctx, learner, flats, ids, st.roles, train_loss, numeric)
+    pub = yield from validate(ctx, learner, flats, ids, st.roles, train_loss, numeric, budget)
     weights = scheduled_weights(sc.agents.reward_weights, progress, cfg.rewards.schedule, cfg.rewards.novelty_boost)
     if hasattr(learner, "set_reward_weights"):
         learner.set_reward_weights(weights)
-    _set_peer_term(learner, cfg.rewards, progress)
     members = [i for i, a in enumerate(ids) if a == ids[rank]]
     me = members.index(rank)
     numel = learner.arch_numel(ids[rank]) if hasattr(learner, "arch_numel") else learner.numel
@@ -369,12 +381,12 @@ def _decide(ctx, st, pub, rel, rew, ids) -> dict:
     return info
 
 
-def _final(ctx, learner, st, ids, pad_to, losses):
+def _final(ctx, learner, st, ids, pad_to, losses, budget=None):
     """Score the final parameters (for the fusion into one model) and test this agent."""
     flats = yield from gather_params(ctx, learner, pad_to)
     numeric = ctx.numeric and flats[0].device.type != "meta"
     train_loss = float(torch.tensor(losses).nanmean()) if losses else float("nan")
-    pub = yield from validate(ctx, learner, flats, ids, st.roles, train_loss, numeric)
+    pub = yield from validate(ctx, learner, flats, ids, st.roles, train_loss, numeric, budget)
     if not numeric:
         return {}
     weights = scheduled_weights(ctx.scenario.agents.reward_weights, 1.0, ctx.scenario.cooperation.rewards.schedule,

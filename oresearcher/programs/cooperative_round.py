@@ -125,19 +125,33 @@ def novelty(probs: list, ens=None) -> list[float]:
     return out
 
 
-def validate(ctx, learner, flats, ids, roles, train_loss, numeric):
-    """Validators score every agent, each on its own shard of the held-out split (or one
+def score_rows(ctx, learner, budget, agents=None):
+    """The validation rows scored this round (``budget``: (FLOPs, seed) for scoring
+    ``agents`` agents, default all), or None: the whole split (no budget, or a learner that
+    cannot predict on given rows)."""
+    per = getattr(learner, "eval_flops", None)
+    if budget is None or not isinstance(per, float) or not V.can_shard(learner):
+        return None
+    total = len(learner.task_data("val")[1])
+    size = V.subsample_size(total, budget[0], per / total, agents or ctx.world_size)
+    return V.subsample_rows(total, size, budget[1])
+
+
+def validate(ctx, learner, flats, ids, roles, train_loss, numeric, budget=None):
+    """Validators score every agent, each on its own shard of the held-out split or of
+    this round's subsample of it (``budget``: (FLOPs, seed), :func:`score_rows`; or one
     validator scores: :mod:`oresearcher.cooperation.validation`); everyone AllGathers the
     scores; returns Published."""
     n = ctx.world_size
     rows = None
     v, count = V.validator_slot(roles, ctx.rank)
-    shards = count > 1 and V.can_shard(learner) and "ensemble" not in ctx.state
+    sub = score_rows(ctx, learner, budget) if numeric and "ensemble" not in ctx.state else None
+    shards = (count > 1 or sub is not None) and V.can_shard(learner) and "ensemble" not in ctx.state
     if v >= 0 and (shards or v == 0) and numeric and hasattr(learner, "evaluate_params"):
         results = []
         for j in range(n):
             if shards:
-                res = yield Compute(V.shard_scores, learner, flats[j], ids[j], v, count, name="validate")
+                res = yield Compute(V.shard_scores, learner, flats[j], ids[j], v, count, sub, name="validate")
             else:
                 res = yield Compute(learner.evaluate_params, flats[j], ids[j], name="validate")
             yield Compute(flops=float(res.get("flops", 0.0)), name="validate")

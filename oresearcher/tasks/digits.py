@@ -284,8 +284,10 @@ class DigitsLearner(TorchLearner):
         """Mean predicted distribution of the frozen peers on ``x`` ([B, 10]); None without peers."""
         if not self._peer_params:
             return None
+        # eval mode always: the scratch modules are shared with the validators' scoring, and a
+        # module's mode (train, or eval with its fused fast paths) must not depend on what ran last
         with torch.no_grad():
-            probs = [functional_call(self._module_for(a), params, (x,)).float().softmax(-1)
+            probs = [functional_call(self._module_for(a).eval(), params, (x,)).float().softmax(-1)
                      for a, params in self._peer_params]
         return torch.stack(probs).mean(0)
 
