@@ -182,8 +182,8 @@ def prepare_new(out: Path, overwrite: bool) -> None:
         raise UserError(f"{out} holds files that no run wrote ({shown}); a new run needs an empty or new "
                         "directory (--overwrite replaces only a run's own files)")
     if not overwrite:
-        raise UserError(f"{out} already holds a run ({shown}); continue it with --resume {out} "
-                        "or replace it with --overwrite")
+        raise UserError(f"{out} already holds a run ({shown}); continue it with --resume {out}, "
+                        "replace it with --overwrite, or give this run its own directory with --out DIR")
     for name in set(manifest.get("writes") or ()) & set(RUN_FILES):  # never a name a tampered manifest adds
         _remove(Path(out) / name, only_steps=name == "checkpoints")
     (Path(out) / MANIFEST).unlink()

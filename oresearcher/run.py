@@ -345,7 +345,10 @@ def _join(scenario, opts, denv, args, diffs) -> int:
         return run_rank(scenario, opts, denv, resume_step=args.resume_step)
     with rundir.RunLock(opts.out_dir):  # rank 0 prepares before it joins: the others wait in the rendezvous
         _prepare(scenario, opts.out_dir, args, diffs)
-        return run_rank(scenario, opts, denv, resume_step=args.resume_step)
+        code = run_rank(scenario, opts, denv, resume_step=args.resume_step)
+    if code == 0 and (Path(opts.out_dir) / "report.json").is_file():  # the same table a local launch prints
+        print_run_report(Path(opts.out_dir))
+    return code
 
 
 def _launch(scenario, opts, args, diffs, argv) -> int:
@@ -411,17 +414,29 @@ def _where(out: Path, world: int) -> str:
             else "no complete checkpoint to resume from")
 
 
+def steps_title(report: dict) -> str:
+    """The run's steps for a table's title: all of them, and for a resumed run where it
+    resumed (its figures are the mean over the steps run since)."""
+    start, ran = report.get("start_step") or 0, report["steps"]
+    return f"{start + ran:,} steps" + (f" (resumed at {start:,})" if start else "")
+
+
+def print_run_report(out: Path) -> None:
+    """The results table of a finished run (its report.json), and distillation's lines."""
+    report = json.loads((out / "report.json").read_text())
+    print_report(report, f"{report['scenario']['name']}: {report['scenario']['training']['strategy']}, "
+                         f"{report['world_size']} ranks on {report['backend']}, {steps_title(report)}",
+                 column="measured")
+    if "distill" in report:
+        from .cooperation.distill import comparison_lines
+
+        print("\n".join(comparison_lines(report["distill"])))
+    log.info("done; report: %s", out / "report.json")
+
+
 def _outcome(result, out: Path, world: int) -> int:
     if result.ok:
-        report = json.loads((out / "report.json").read_text())
-        print_report(report, f"{report['scenario']['name']}: {report['scenario']['training']['strategy']}, "
-                             f"{report['world_size']} ranks on {report['backend']}, {report['steps']} steps",
-                     column="measured")
-        if "distill" in report:
-            from .cooperation.distill import comparison_lines
-
-            print("\n".join(comparison_lines(report["distill"])))
-        log.info("done; report: %s", out / "report.json")
+        print_run_report(out)
         return 0
     if result.user_error:  # a rank's one line (divergence, a checkpoint it cannot load...): exit code 2
         rest = "" if all(c == 2 for c in result.exit_codes) else f"; the other ranks stopped ({_where(out, world)})"

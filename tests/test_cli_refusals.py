@@ -270,3 +270,62 @@ def test_compare_names_calibrated_profiles_without_the_hint(tmp_path, cli):
     assert code == 0, err
     assert "prediction priced with profiles cpu-calibrated, gloo-calibrated from profile.yaml" in out
     assert "calibrate:" not in out
+
+
+# ---- run directories, resumed runs, torchrun's rank 0 ----------------------------------------
+def test_the_second_readme_run_is_told_about_out(tmp_path, monkeypatch, cli, capsys):
+    """The README's first two run commands share runs/local-gloo/gloo: the second is refused
+    in one line that names --out beside --resume and --overwrite."""
+    from oresearcher.backends import launcher
+
+    class Started(Exception):
+        pass
+
+    def started(*a, **k):
+        raise Started
+
+    monkeypatch.setattr(launcher, "launch_local", started)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(Started):  # the first run got as far as starting its ranks
+        run_main(["--backend=gloo", "--scenario", "scenarios/local-gloo.yaml"])
+    capsys.readouterr()
+    code, _, err = cli(run_main, ["--backend=gloo", "--scenario", "scenarios/local-gloo.yaml", "--num_agents=4",
+                                  "--strategy=local_sgd", "--local_steps=10", "--steps=200", "--checkpoint_every=50",
+                                  "--log-level", "WARNING"])  # without: INFO lines name the scenario file first
+    one_line(code, err, "runs/local-gloo/gloo already holds a run", "--resume", "--overwrite", "--out DIR")
+
+
+def _fake_report(start_step: int, steps: int) -> dict:
+    return {"step_time_s": 0.02, "compute_time_s": 0.015, "comm_time_s": 0.004, "exposed_comm_time_s": 0.005,
+            "peer_wait_time_s": 0.0, "comm_overhead": 0.25, "wire_bytes_per_step": 3.4e6, "breakdown": [],
+            "world_size": 2, "steps": steps, "start_step": start_step, "total_time_s": 0.02 * steps,
+            "backend": "gloo", "scenario": {"name": "t", "training": {"strategy": "ddp"}}}
+
+
+@pytest.mark.parametrize("start, ran, title, caption", [
+    (0, 400, "400 steps", "/ 400 steps (warm-up included)"),
+    (20, 380, "400 steps (resumed at 20)", "/ 380 steps (since the resume at 20)"),
+])
+def test_torchruns_rank_0_prints_the_table_counting_the_whole_run(start, ran, title, caption, tmp_path, monkeypatch,
+                                                                   cli):
+    """Under torchrun (RANK, WORLD_SIZE, MASTER_* set; no launcher store) rank 0 prints the
+    table a local launch prints; a resumed run's title counts all its steps."""
+    import json
+
+    from oresearcher.backends import worker
+
+    for k, v in {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("ORESEARCHER_STORE", raising=False)
+    out = tmp_path / "o"
+
+    def rank(scenario, opts, denv, resume_step=None):
+        (opts.out_dir / "report.json").write_text(json.dumps(_fake_report(start, ran)))
+        return 0
+
+    monkeypatch.setattr(worker, "run_rank", rank)
+    code, stdout, err = cli(run_main, ["--scenario", scenario(tmp_path), "--out", str(out), "--log-level", "WARNING"])
+    assert code == 0, err
+    flat = " ".join(stdout.split())  # rich wraps a title at the table's width
+    assert f"t: ddp, 2 ranks on gloo, {title}" in flat and caption in flat
+    assert "step time" in stdout and "20.000 ms" in stdout

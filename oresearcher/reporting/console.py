@@ -60,8 +60,9 @@ def print_report(report: dict, title: str, column: str = "predicted") -> None:
     t.add_row("communication overhead (exposed / step)", f"{report['comm_overhead']:.2%}")
     t.add_row("bytes on the wire per rank", fmt_bytes(report["wire_bytes_per_step"]))
     if report.get("steps"):
-        t.caption = (f"step time = {report.get('total_time_s', 0.0):,.4g} s / {report['steps']:,} steps "
-                     f"(warm-up included)")
+        start = report.get("start_step") or 0  # a resumed run measures the steps run since the resume
+        which = f"since the resume at {start:,}" if start else "warm-up included"
+        t.caption = f"step time = {report.get('total_time_s', 0.0):,.4g} s / {report['steps']:,} steps ({which})"
     console.print(t)
     steps, ws = max(report["steps"], 1), max(report["world_size"], 1)
     if report["breakdown"]:
