@@ -107,3 +107,29 @@ def read(path: str | Path) -> Any:
     if data is None:
         raise UserError(f"{p}: empty; a scenario needs at least its sections (see scenarios/)")
     return data
+
+
+def read_all(path: str | Path, what: str = "a profile file") -> list:
+    """Every document of a multi-document YAML file (device and fabric profiles), under
+    the same budgets as a scenario: size, aliases and depth counted over the whole file,
+    no duplicate keys. Empty documents are dropped."""
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"{str(p)[:200]}: no such file")
+    try:
+        size = p.stat().st_size
+        if size > MAX_BYTES:
+            raise UserError(f"{p}: {size} bytes; {what} is at most {MAX_BYTES} bytes")
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"{p}: cannot read: {short(str(e))}") from None
+    try:
+        return [d for d in yaml.load_all(text, Loader=BudgetLoader) if d is not None]  # noqa: S506
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1} column {mark.column + 1}:" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        kind = "refused" if isinstance(e, (_Refused, yaml.constructor.ConstructorError)) else "YAML syntax error"
+        raise UserError(f"{p}:{where} {kind}: {problem[:200]}") from None
+    except RecursionError:
+        raise UserError(f"{p}: nested too deeply") from None

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Annotated, Literal, Optional
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from oresearcher.errors import UserError
+from oresearcher.errors import UserError, short
 
 PROFILE_DIR = Path(__file__).parent / "profiles"
 GB = 10**9
@@ -25,16 +24,31 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class _Finite(_Strict):
+    """Every number finite (as in scenario files): a NaN or an infinite rate, latency or
+    size only ever makes the simulator hang or report nonsense."""
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+# Ranges of profile numbers, wide around any real hardware (a CPU core to beyond the
+# fastest accelerator): a value outside them is a typo or an attack, and at 1e-300 GB/s
+# or 1e308 us the simulated clock stops advancing in floating point.
+FlopRate = Annotated[float, Field(ge=1e3, le=1e18, allow_inf_nan=False)]  # FLOP/s
+GBps = Annotated[float, Field(ge=1e-3, le=1e6, allow_inf_nan=False)]  # GB/s: 1 MB/s .. 1 PB/s
+Micros = Annotated[float, Field(ge=0, le=1e6, allow_inf_nan=False)]  # microseconds: up to a second
+Fraction = Annotated[float, Field(gt=0, le=10, allow_inf_nan=False)]
+
+
 JITTER_CV_MAX = 2.0  # the widest compute spread a profile may give (calibrate caps what it measures)
 
 
-class DeviceProfile(_Strict):
+class DeviceProfile(_Finite):
     kind: Literal["device"] = "device"
     name: str
-    peak_flops: dict[Literal["fp32", "bf16", "fp16"], float] = Field(description="FLOP/s per dtype, dense")
+    peak_flops: dict[Literal["fp32", "bf16", "fp16"], FlopRate] = Field(description="FLOP/s per dtype, dense")
     efficiency: float = Field(gt=0, le=1, description="fraction of peak reached in training")
-    memory_bytes: float = Field(gt=0, description="device memory, bytes")
-    host_overhead_us: float = Field(ge=0, description="per Compute op fixed cost, microseconds")
+    memory_bytes: float = Field(gt=0, le=1e15, description="device memory, bytes")
+    host_overhead_us: Micros = Field(description="per Compute op fixed cost, microseconds")
     # A shared host's compute is not steady: each Compute op's duration is its mean times
     # a random factor (lognormal, mean 1) with this coefficient of variation. Ranks that
     # jitter independently wait for each other at every collective; 0 keeps every rank
@@ -49,7 +63,7 @@ class DeviceProfile(_Strict):
     # Checkpoints (sim/faults.py): a rank writes its state at this rate and a restarted rank
     # reads it back at it. 2 GB/s per GPU is an assumption (a node's NVMe or parallel file
     # system shared by 8 GPUs), not a measurement; a profile states its own.
-    storage_bandwidth_GBps: float = Field(2.0, gt=0, le=1e4, description="checkpoint write/read bandwidth per rank, GB/s")
+    storage_bandwidth_GBps: float = Field(2.0, ge=1e-3, le=1e4, description="checkpoint write/read bandwidth per rank, GB/s")
     # Whether the device has streams: GPUs run a collective on a stream of its own beside
     # the compute stream. A CPU rank has none, and torch's FSDP2 then issues its
     # all-gathers and reduce-scatters synchronously (_fsdp_param_group.unshard_async_op is
@@ -83,22 +97,22 @@ class DeviceProfile(_Strict):
     # The FLOP rate of a model's forward and backward alone, where a calibrated rate folds
     # in its program's other work (a ddp step's gradient packing and full optimizer step,
     # which FSDP2 does not do); the fsdp schedule prices its passes at it. None: the rate.
-    pass_flops_per_s: Optional[float] = Field(None, gt=0, description="FLOP/s of forward and backward "
+    pass_flops_per_s: Optional[FlopRate] = Field(None, description="FLOP/s of forward and backward "
                                               "alone (calibrated), for the fsdp schedule")
     # The roofline model (sim/roofline.py): each traced kernel costs max(FLOPs / achievable
     # rate, bytes / memory bandwidth) + launches. "flat" (the default) keeps FLOPs /
     # (peak x efficiency) + host overhead per Compute op; profiles without these fields are flat.
     compute_model: Literal["flat", "roofline"] = Field("flat", description="how Compute ops are priced")
-    memory_bandwidth_GBps: Optional[float] = Field(None, gt=0, description="device memory bandwidth, GB/s")
+    memory_bandwidth_GBps: Optional[GBps] = Field(None, description="device memory bandwidth, GB/s")
     memory_efficiency: float = Field(1.0, gt=0, le=1, description="achievable fraction of memory_bandwidth_GBps")
-    launch_us: Optional[float] = Field(None, ge=0, description="per kernel launch, microseconds")
+    launch_us: Optional[Micros] = Field(None, description="per kernel launch, microseconds")
     achievable: Optional[dict[Literal["matmul", "attention", "vector"], float]] = Field(
         None, description="achievable fraction of peak_flops per op class")
     foreach_optimizer: bool = Field(True, description="optimizer runs torch's foreach kernels (CUDA); CPUs loop")
     # Hosted agents (cooperation.allocation.agents_per_device > 1) switch by moving their
     # state between device and host memory over this link (sim/swap.py); a profile states
     # its source. None: the profile cannot price a switch.
-    host_link_GBps: Optional[float] = Field(None, gt=0, le=1e5, description="host<->device copy bandwidth, GB/s "
+    host_link_GBps: Optional[float] = Field(None, ge=1e-3, le=1e5, description="host<->device copy bandwidth, GB/s "
                                             "per direction")
 
     @model_validator(mode="after")
@@ -146,44 +160,46 @@ class NcclParams(_Strict):
     enqueue.cc unless the profile's comment names a measurement."""
 
     channels: int = Field(ge=1, le=64, description="ring channels NCCL builds")
-    threads: dict[Proto, int] = Field(description="threads per channel at full size")
-    thread_threshold: dict[Proto, int] = Field(description="bytes per thread before a channel is added")
-    saturating_threads: int = Field(ge=1, description="threads a channel needs for its full rate")
-    base_latency_us: dict[Proto, float] = Field(description="ring start-up latency, microseconds")
-    tree_base_latency_us: dict[Proto, float] = Field(description="tree start-up latency, microseconds")
-    ring_hop_latency_us: dict[Proto, float] = Field(description="per ring step on this fabric, microseconds")
-    tree_hop_latency_us: dict[Proto, float] = Field(description="per tree level on this fabric, microseconds")
-    channel_GBps: dict[Proto, float] = Field(description="bus bandwidth one channel (thread block) copies, GB/s")
-    tuner_channel_GBps: dict[Proto, float] = Field(description="per-channel ceiling NCCL's tuner assumes, GB/s")
-    tree_busbw_cap_GBps: dict[Proto, float] = Field(description="tree bus-bandwidth ceiling, GB/s")
-    tree_correction: dict[Proto, list[float]] = Field(description="tree bandwidth factor by log2(bytes/64)")
-    kernel_overhead_us: float = Field(ge=0, description="per collective kernel, beyond the tuner's latency, microseconds")
-    launch_us: float = Field(ge=0, description="one kernel launch when one process drives all GPUs, microseconds")
+    threads: dict[Proto, Annotated[int, Field(ge=1, le=4096)]] = Field(description="threads per channel at full size")
+    thread_threshold: dict[Proto, Annotated[int, Field(ge=1, le=2**30)]] = Field(
+        description="bytes per thread before a channel is added")
+    saturating_threads: int = Field(ge=1, le=4096, description="threads a channel needs for its full rate")
+    base_latency_us: dict[Proto, Micros] = Field(description="ring start-up latency, microseconds")
+    tree_base_latency_us: dict[Proto, Micros] = Field(description="tree start-up latency, microseconds")
+    ring_hop_latency_us: dict[Proto, Micros] = Field(description="per ring step on this fabric, microseconds")
+    tree_hop_latency_us: dict[Proto, Micros] = Field(description="per tree level on this fabric, microseconds")
+    channel_GBps: dict[Proto, GBps] = Field(description="bus bandwidth one channel (thread block) copies, GB/s")
+    tuner_channel_GBps: dict[Proto, Annotated[float, Field(ge=1e-3)]] = Field(
+        description="per-channel ceiling NCCL's tuner assumes, GB/s (.inf: none)")
+    tree_busbw_cap_GBps: dict[Proto, GBps] = Field(description="tree bus-bandwidth ceiling, GB/s")
+    tree_correction: dict[Proto, list[Fraction]] = Field(description="tree bandwidth factor by log2(bytes/64)")
+    kernel_overhead_us: Micros = Field(description="per collective kernel, beyond the tuner's latency, microseconds")
+    launch_us: Micros = Field(description="one kernel launch when one process drives all GPUs, microseconds")
     p2p_ll_threshold_bytes: int = Field(16384, ge=0, description="send/recv per peer up to this size use LL")
     # NVLS (NVLink SHARP): an NVSwitch-3 fabric reduces in the switch (sim/nccl.py). Absent:
     # the fabric has no NVLS (A100's NVSwitch 2, PCIe).
     nvls_channels: Optional[int] = Field(None, ge=1, le=64, description="channels NCCL runs NVLS on "
                                          "(NCCL_NVLS_NCHANNELS); absent: no NVLS")
-    nvls_latency_us: float = Field(0.0, ge=0, description="NVLS start-up in NCCL's tuner table, microseconds")
+    nvls_latency_us: Micros = Field(0.0, description="NVLS start-up in NCCL's tuner table, microseconds")
 
 
-class NcclNetParams(_Strict):
+class NcclNetParams(_Finite):
     """NCCL's per-step latencies across the network (tuning.cc hwLat, NET row)."""
 
-    ring_hop_latency_us: dict[Proto, float]
-    tree_hop_latency_us: dict[Proto, float]
+    ring_hop_latency_us: dict[Proto, Micros]
+    tree_hop_latency_us: dict[Proto, Micros]
 
 
-class FabricProfile(_Strict):
+class FabricProfile(_Finite):
     kind: Literal["fabric"] = "fabric"
     name: str
     topology: Literal["switch", "pcie", "network"]
-    bandwidth_GBps: float = Field(gt=0, description="GB/s per direction per port (GB = 1e9 bytes)")
+    bandwidth_GBps: GBps = Field(description="GB/s per direction per port (GB = 1e9 bytes)")
     efficiency: float = Field(gt=0, le=1, description="achievable fraction of bandwidth_GBps")
-    shared_bandwidth_GBps: Optional[float] = Field(None, gt=0, description="pcie: shared host bridge, GB/s")
-    base_latency_us: float = Field(ge=0, description="per collective, microseconds")
-    hop_latency_us: float = Field(ge=0, description="per algorithm step, microseconds")
-    call_overhead_us: float = Field(ge=0, description="per collective call on the host, microseconds")
+    shared_bandwidth_GBps: Optional[GBps] = Field(None, description="pcie: shared host bridge, GB/s")
+    base_latency_us: Micros = Field(description="per collective, microseconds")
+    hop_latency_us: Micros = Field(description="per algorithm step, microseconds")
+    call_overhead_us: Micros = Field(description="per collective call on the host, microseconds")
     # How the collective library runs a reduce-scatter. gloo has no reduce-scatter kernel
     # for torch's reduce_scatter_tensor: ProcessGroupGloo clones the input, all-reduces the
     # whole of it and copies this rank's slice out (torch.profiler shows gloo:all_reduce,
@@ -229,19 +245,18 @@ def _parse(doc, source: str):
     except ValidationError as e:
         err = e.errors()[0]
         loc = ".".join(str(p) for p in err["loc"])
-        raise UserError(f"{source}: {doc.get('name', '?')}.{loc}: {err['msg']} (got {err.get('input')!r})") from None
+        raise UserError(f"{source}: {str(doc.get('name', '?'))[:60]}.{loc}: {err['msg']} "
+                        f"(got {short(err.get('input'), 80)})") from None
 
 
 def load_profile_file(path: str | Path) -> list:
     """All profiles in one YAML file (several documents allowed)."""
+    from oresearcher.yamlsafe import read_all  # a scenario's limits: size, aliases, depth, duplicate keys
+
     p = Path(path)
     if not p.is_file():
         raise UserError(f"{p}: no such profile file")
-    try:
-        docs = [d for d in yaml.safe_load_all(p.read_text()) if d is not None]
-    except yaml.YAMLError as e:
-        raise UserError(f"{p}: YAML syntax error: {getattr(e, 'problem', e)}") from None
-    return [_parse(d, str(p)) for d in docs]
+    return [_parse(d, str(p)) for d in read_all(p)]
 
 
 @lru_cache(maxsize=None)
@@ -253,13 +268,28 @@ def builtin_profiles() -> dict:
     return out
 
 
+def add_profiles(cat: dict, profiles: list, source: str) -> None:
+    """Add a user's ``profiles`` (from ``source``) to ``cat``. A name that is a shipped
+    profile's, or one that appears twice, is refused: which of two numbers a scenario
+    ran on would otherwise depend on file order, and a shipped name would silently
+    stand for other hardware in every report."""
+    shipped = builtin_profiles()
+    for prof in profiles:
+        key = (prof.kind, prof.name)
+        if key in shipped:
+            raise UserError(f"{source}: {prof.kind} profile {prof.name!r} is the name of a shipped profile; "
+                            f"give yours its own name (e.g. {prof.name}-calibrated)")
+        if key in cat:
+            raise UserError(f"{source}: a second {prof.kind} profile named {prof.name!r}; each name once")
+        cat[key] = prof
+
+
 def catalogue(extra_files=(), base_dir: Path = Path(".")) -> dict:
     """Built-in profiles plus those in ``extra_files`` (relative to ``base_dir``)."""
     cat = dict(builtin_profiles())
     for f in extra_files:
         path = Path(f) if Path(f).is_absolute() else base_dir / f
-        for prof in load_profile_file(path):
-            cat[(prof.kind, prof.name)] = prof
+        add_profiles(cat, load_profile_file(path), str(path))
     return cat
 
 
