@@ -1,0 +1,63 @@
+"""benchmarks/bench_ablation.py: every variant is a valid scenario that changes what it
+says, the verdicts and the table by hand, bad arguments in one line."""
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+sys.path.insert(0, str(BENCH))
+A = pytest.importorskip("bench_ablation")
+B = pytest.importorskip("bench_cooperation")
+
+
+@pytest.mark.parametrize("task", ["digits", "finance", "synthetic-lm"])
+def test_every_variant_loads_and_changes_its_mechanism(task):
+    full = B.scenario(task, "oresearcher", 100, 1.0, "quick")
+    for v in A.variants_for(task):
+        saved = B.TASKS[task]
+        B.TASKS[task] = (saved[0], saved[1], [*saved[2], *A.VARIANTS[v][1]], saved[3])
+        try:
+            sc = B.scenario(task, "oresearcher", 100, 1.0, "quick")
+        finally:
+            B.TASKS[task] = saved
+        assert (sc == full) == (v == "full"), v  # each variant is another scenario; the full one is the default
+    assert ("fresh student" in A.variants_for(task)) == (task == "digits")
+
+
+def test_pbt_off_really_turns_every_piece_off():
+    c = B.scenario("digits", "oresearcher", 100, 1.0, "quick").cooperation.roles
+    assert c.lr_range[1] / c.lr_range[0] >= 10  # the default population spans at least 10x in lr
+    saved = B.TASKS["digits"]
+    B.TASKS["digits"] = (saved[0], saved[1], [*saved[2], *A.VARIANTS["no PBT"][1]], saved[3])
+    try:
+        r = B.scenario("digits", "oresearcher", 100, 1.0, "quick").cooperation.roles
+    finally:
+        B.TASKS["digits"] = saved
+    assert r.lr_range == (1.0, 1.0) and r.knob_range == (1.0, 1.0) and r.exploit_fraction == 0 and r.perturb_factor == 1
+
+
+def _runs(xs):
+    return [{"model": x, "flops": 100.0} for x in xs]
+
+
+def test_verdicts_and_table_by_hand():
+    full, better, worse = [0.5, 0.6, 0.7], [0.6, 0.7, 0.8], [0.4, 0.5, 0.55]
+    d = A.paired_diff(_runs(better), _runs(full))
+    assert d[0] == pytest.approx(0.1) and A.verdict_word(d) == "costs"  # better without it: the mechanism costs
+    assert A.verdict_word(A.paired_diff(_runs(worse), _runs(full))) == "pays"
+    assert A.verdict_word((0.0, -0.1, 0.1)) == "-" and A.verdict_word(None) == "n/a"
+    res = {"target_flops": 100.0, "steps": {"full": None, "no PBT": 31},
+           "runs": {1.0: {"full": _runs(full), "no PBT": _runs(better)}}}
+    lines = []
+    A.table("digits", res, [100, 101, 102], out=lines.append)
+    row = next(x for x in lines if x.startswith("| no PBT"))
+    assert "0.700; +0.100 [+0.100, +0.100] costs" in row and "x1.00 (31 steps)" in row
+    assert any(x.startswith("| full |") and "0.600" in x for x in lines)
+
+
+def test_bad_arguments_are_one_line(capsys):
+    assert A.main(["--tasks", "nope"]) == 2
+    assert A.main(["--lrs", "0.1,10"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 2 and "bench_ablation:" in err
