@@ -151,7 +151,7 @@ def launch_local(cmd: Sequence[str], world_size: int, *, timeout_s: float, threa
 
 
 class Signalled(BaseException):
-    """SIGINT or SIGTERM reached the launcher (raised from the signal handler)."""
+    """SIGINT, SIGTERM or SIGHUP reached the launcher (raised from the signal handler)."""
 
 
 @dataclass
@@ -165,10 +165,11 @@ class Caught:
 
 @contextlib.contextmanager
 def signals_raise():
-    """Within the block, SIGINT and SIGTERM raise :class:`Signalled` (once: a second
-    signal while the ranks are being stopped is ignored); yields what was caught."""
+    """Within the block, SIGINT, SIGTERM and SIGHUP (the terminal closed, an ssh session
+    dropped) raise :class:`Signalled` (once: a second signal while the ranks are being
+    stopped is ignored); yields what was caught."""
     caught = Caught()
-    sigs = (signal.SIGINT, signal.SIGTERM)
+    sigs = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
     def handler(signum, frame):
         for s in sigs:

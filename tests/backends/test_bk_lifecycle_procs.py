@@ -70,7 +70,7 @@ def _wait_for_checkpoint(out, proc, deadline_s=60.0) -> int:
     raise AssertionError(f"no complete checkpoint appeared (exit code {proc.poll()})")
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=["SIGINT", "SIGTERM", "SIGHUP"])
 def test_a_signal_stops_the_run_in_one_line_and_leaves_no_temp_files(sig, tmp_path, child_env):
     sc = write_scenario(tmp_path / "s.yaml", training={"steps": 5000, "checkpoint_every": 3})
     out = tmp_path / "run"
