@@ -13,8 +13,8 @@ Parts (all bytes, "GB" = 10^9 bytes):
   gradient, 12 bytes of master weight + moments), which keeps bf16 parameters and
   gradients resident; the split matters for what a checkpoint saves (weights + optimizer
   state: 12 bytes/param here, 14 in ZeRO's split). SGD charges one fp32 momentum buffer
-  (4), so mixed and fp32 training hold the same: 4 + 4 + 8 (AdamW), 4 + 4 + 4 (SGD; the
-  learner's plain SGD keeps no momentum, a known gap: tests/test_mixed_precision.py).
+  (4), so mixed and fp32 training hold the same: 4 + 4 + 8 (AdamW), 4 + 4 + 4 (SGD with
+  momentum, as every task's learner builds it).
 - activations: the saved-for-backward bytes measured by ``oresearcher.workloads``
   (with or without per-block activation checkpointing) at the given micro batch.
 - codec_buffers: what the gradient codec keeps (error-feedback residuals, compressed

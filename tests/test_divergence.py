@@ -177,8 +177,8 @@ def test_an_agent_alone_goes_on_from_its_last_good_state(strategy):
 
 
 def test_a_real_divergence_in_the_simulator_is_one_line_and_exit_2(tmp_path, capsys):
-    """cpu-tiny (gpt-tiny, numeric) with SGD at lr 10 blows up for real: its loss turns
-    non-finite at step 5 on every rank; the simulator stops there."""
+    """cpu-tiny (gpt-tiny, numeric) with SGD (momentum 0.9) at lr 10 blows up for real: its
+    gradients turn non-finite at step 4 on every rank; the simulator stops there."""
     from oresearcher.errors import cli_main
     from oresearcher.sim.__main__ import main
 
@@ -186,8 +186,8 @@ def test_a_real_divergence_in_the_simulator_is_one_line_and_exit_2(tmp_path, cap
             "--set", "training.steps=8", "--out", str(tmp_path)]
     assert cli_main(main, base) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].startswith("error: rank 0 diverged at step 5: non-finite loss (training.lr=10)")
+    assert err[-1].startswith("error: rank 0 diverged at step 4: non-finite gradient (training.lr=10)")
     assert cli_main(main, [*base, "--set", "training.on_divergence=skip"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].startswith("error: every agent is excluded at step 5: all 4 ranks had non-finite gradients")
+    assert err[-1].startswith("error: every agent is excluded at step 4: all 4 ranks had non-finite gradients")
     assert not (tmp_path / "report.json").exists()

@@ -69,9 +69,8 @@ def test_each_part_equals_the_simulators_charge(dtype):
     assert _held_bytes(l) == tuple(b * n for b in bytes_per_param(dtype, "adamw"))
 
 
-@pytest.mark.xfail(strict=True, reason="the learner's SGD has no momentum buffer (torch.optim.SGD(lr) in "
-                                       "tasks/synthetic_lm.py); the simulator charges one (4 bytes/param)")
 def test_sgd_state_equals_the_simulators_charge():
+    """SGD keeps one fp32 momentum buffer per parameter, as the simulator charges."""
     sc = load_scenario("scenarios/local-gloo.yaml", ["workload.dtype=bf16", "workload.optimizer=sgd"])
     l = make_learner(sc, 0, mode="numeric")
     l.forward_backward()

@@ -67,7 +67,8 @@ def make_learner(scenario, rank: int, *, mode: str, device="cpu"):
         # GPU runs this step. On a CPU the thread would only take cores from the step.
         batches = Prefetcher(batches)
     optimizer = (torch.optim.AdamW(model.parameters(), lr=scenario.training.lr) if w.optimizer == "adamw"
-                 else torch.optim.SGD(model.parameters(), lr=scenario.training.lr))
+                 # momentum as every other task's SGD, and the one fp32 buffer sim/memory.py charges
+                 else torch.optim.SGD(model.parameters(), lr=scenario.training.lr, momentum=0.9))
 
     def loss_fn(module, batch):
         return lm_loss(module(batch[:, :-1]), batch[:, 1:])
