@@ -35,7 +35,8 @@ from oresearcher.tasks import batch_note
 from oresearcher.reporting.trace import write_trace
 
 from .bench import OPS, bench_png, bus_factor, collective_bench, fmt_size, read_reference, reference_error
-from .simulate import build_cluster, simulate
+from .numeric_cost import numeric_note
+from .simulate import build_cluster, resolve_mode, simulate
 
 
 
@@ -73,6 +74,8 @@ def _run_one(args, overrides, label):
     scenario = load_scenario(args.scenario, overrides)
     if note := batch_note(scenario):
         console.print(note, highlight=False)
+    if (args.mode or resolve_mode(scenario)) == "numeric" and (note := numeric_note(scenario)):
+        console.print(note, highlight=False)  # before the first step: long work says so up front
     progress = _LazyProgress(scenario.training.steps, label)
     try:
         report, tl = simulate(scenario, mode=args.mode, on_step=progress, exact=args.exact,

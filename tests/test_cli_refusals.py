@@ -329,3 +329,77 @@ def test_torchruns_rank_0_prints_the_table_counting_the_whole_run(start, ran, ti
     flat = " ".join(stdout.split())  # rich wraps a title at the table's width
     assert f"t: ddp, 2 ranks on gloo, {title}" in flat and caption in flat
     assert "step time" in stdout and "20.000 ms" in stdout
+
+
+# ---- long work says so before it starts ----------------------------------------------------
+def test_numeric_mode_of_a_gpu_sized_model_is_refused_with_its_estimate(tmp_path, cli):
+    """gpt-1.3b on 8 agents for 200 steps: ~3e17 FLOPs on one CPU core, more than an hour."""
+    out = tmp_path / "o"
+    code, _, err = sim(cli, "scenarios/8xA100.yaml", "--mode", "numeric", "--out", out)
+    one_line(code, err, "numeric mode computes gpt-1.3b for real on this CPU", "FLOPs", "--mode shape")
+    assert not out.exists()
+
+
+def test_the_numeric_estimate_by_hand(monkeypatch):
+    """agents x steps x one agent's step FLOPs (measure_lm), at cpu-local's rate; the note
+    appears only above WARN_S and the refusal above REFUSE_S."""
+    import pytest as _pytest
+
+    from oresearcher.errors import UserError
+    from oresearcher.scenario import load_scenario
+    from oresearcher.sim import numeric_cost as nc
+    from oresearcher.workloads import measure_lm
+
+    sc = load_scenario("scenarios/cpu-tiny.yaml", ["training.steps=3"])
+    one = measure_lm("gpt-tiny", 4, 64, "fp32", False).step_flops  # 16 sequences over 4 agents
+    assert nc.numeric_flops(sc) == 4 * 3 * one
+    rate = nc.host_rate("fp32")
+    assert rate == _pytest.approx(5.0e10 * 0.3)  # sim/profiles/cpu-local.yaml: peak x efficiency
+    assert nc.numeric_note(sc) is None  # well under WARN_S
+    steps = int(2 * nc.WARN_S * rate / (4 * one)) + 1  # about twice WARN_S
+    assert nc.numeric_note(load_scenario("scenarios/cpu-tiny.yaml", [f"training.steps={steps}"])).startswith("note:")
+    steps = int(2 * nc.REFUSE_S * rate / (4 * one)) + 1
+    with _pytest.raises(UserError, match="--mode shape"):
+        nc.numeric_note(load_scenario("scenarios/cpu-tiny.yaml", [f"training.steps={steps}"]))
+    assert nc.numeric_flops(load_scenario("scenarios/digits-4.yaml")) is None  # small tasks are not estimated
+
+
+def test_the_eta_leaves_out_the_first_steps_warm_up():
+    """A first step of 30 s, then 10 steps/s: after 50 steps the ETA is 5 s, not minutes."""
+    import io
+
+    from oresearcher.reporting.progress import ProgressLines
+
+    now, out = [0.0], io.StringIO()
+    p = ProgressLines(100, "x", every_s=5.0, stream=out, clock=lambda: now[0])
+    for step in range(1, 101):
+        now[0] = 30.0 + (step - 1) * 0.1
+        p.update(step)
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("x: 1/100 (1%), 0.0333 steps/s")  # the first step alone: all there is to go by
+    assert lines[1].startswith("x: 51/100 (51%), 10 steps/s, ETA 4.9 s"), lines
+
+
+# ---- the batch split, as a property --------------------------------------------------------
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+
+@settings(max_examples=60, deadline=None)
+@given(batch=st.integers(1, 5000), agents=st.integers(1, 1024), lm=st.booleans())
+def test_batch_note_is_silent_exactly_when_the_shares_add_up(batch, agents, lm):
+    from types import SimpleNamespace
+
+    from oresearcher.tasks import batch_note, per_agent_batch
+
+    sc = SimpleNamespace(workload=SimpleNamespace(global_batch=batch, task="synthetic-lm" if lm else "digits"),
+                         agents=SimpleNamespace(count=agents), world_size=agents)
+    per = per_agent_batch(sc)
+    assert per >= 1
+    if lm:  # rounded up: never fewer samples than asked, less than one more per agent
+        assert batch <= per * agents < batch + agents
+    elif batch >= agents:  # rounded down: never more than asked, less than one fewer per agent
+        assert batch - agents < per * agents <= batch
+    note = batch_note(sc)
+    assert (note is None) == (per * agents == batch)
+    if note:
+        assert f"{per * agents:,} a step" in note and ("up" in note) == (per * agents > batch)

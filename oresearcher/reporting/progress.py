@@ -7,7 +7,9 @@ off a terminal :class:`ProgressLines` writes one line every ``every_s`` seconds:
     simulating steps: 120/200 (60%), 35.2 steps/s, ETA 2.3 s
 
 Rates and ETA count only the steps done since this process started (a resumed run's
-earlier steps took no time here).
+earlier steps took no time here), and once a second step is done, only the steps after
+the first: the first carries the warm-up (building models, first allocations, lazy
+initialisation), which would stretch every later ETA by its whole length.
 """
 from __future__ import annotations
 
@@ -47,13 +49,17 @@ class ProgressLines:
         self.stream, self.clock = stream, clock
         self.t0 = self.last = clock()
         self.done = start
+        self.first: Optional[tuple[int, float]] = None  # (steps done, time) at the first update past start
 
     def update(self, done: int, extra: str = "") -> None:
         self.done = done
         now = self.clock()
+        if self.first is None and done > self.start:
+            self.first = (done, now)
         if now - self.last >= self.every_s:
             self.last = now
-            self._write(progress_line(self.label, done, self.total, self.start, now - self.t0) + extra)
+            since, t0 = self.first if self.first and done > self.first[0] else (self.start, self.t0)
+            self._write(progress_line(self.label, done, self.total, since, now - t0) + extra)
 
     def close(self) -> None:
         pass  # the caller prints what the work produced; a last line would repeat it
