@@ -127,19 +127,25 @@ class RunLock:
         self.me = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()}
 
     def acquire(self) -> "RunLock":
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        from oresearcher.files import writable_dir
+
+        writable_dir(self.path.parent)  # a file in the way, a read-only disk: one line, before anything runs
         for _ in range(3):
             try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | getattr(os, "O_NOFOLLOW", 0), 0o644)
             except FileExistsError:
                 self._take_over_if_stale()
                 continue
+            except OSError as e:
+                raise UserError(f"{self.path}: cannot create the run lock: {e.strerror or e}") from None
             with os.fdopen(fd, "w") as f:
                 json.dump(self.me, f)
             return self
         raise UserError(f"{self.path.parent}: cannot take the run lock {self.path}")
 
     def _take_over_if_stale(self) -> None:
+        if self.path.is_dir() and not self.path.is_symlink():
+            raise UserError(f"{self.path} is a directory, not a run lock; remove it (a run's lock is a small file)")
         held = _read_lock(self.path)
         pid, host = held.get("pid"), held.get("host")
         where = self.path.parent

@@ -218,6 +218,7 @@ def main(argv=None) -> int:
         return run_cli(args, scenario)
     sizes = default_sizes(int(args.max_bytes))
     if denv is None:
+        _check_destination(Path(args.out or Path("runs") / scenario.name / "profile.yaml"))
         return _launch(args, argv, scenario.world_size)
     from oresearcher.backends.calibration import calibrate_rank
 
@@ -234,6 +235,15 @@ def main(argv=None) -> int:
                  out, (fsdp["pass_flops_per_s"] if fsdp else compute_rate(m, args.jitter)) / 1e9, fit.bandwidth_Bps / GB,
                  fit.base_latency_s / US, fit.hop_latency_s / US, fit.call_overhead_s / US)
     return 0
+
+
+def _check_destination(out: Path) -> None:
+    """The profile's destination, checked before the measurement (minutes) that it would lose."""
+    from .files import writable_dir
+
+    if out.is_dir():
+        raise UserError(f"--out {out}: a directory; the profile is a file (e.g. {out / 'profile.yaml'})")
+    writable_dir(out.parent)
 
 
 def _launch(args, argv, world: int) -> int:

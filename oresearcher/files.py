@@ -59,3 +59,26 @@ def write_atomic(path: Path, data, root: Path | None = None) -> None:
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def writable_dir(path: Path, flag: str = "--out") -> Path:
+    """Create the directory ``path`` (and its parents) or say in one line why it cannot be
+    written to: a file in its place or on its way, no permission, a read-only disk.
+    Checked before a run or a measurement starts, so nothing computed is lost at the end."""
+    import os
+
+    from .errors import UserError
+
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise UserError(f"{flag} {path}: a file, not a directory") from None
+    except NotADirectoryError:
+        above = next((p for p in path.parents if p.exists() and not p.is_dir()), path.parent)
+        raise UserError(f"{flag} {path}: {above} is a file, so no directory can be made under it") from None
+    except OSError as e:
+        raise UserError(f"{flag} {path}: cannot create the directory: {e.strerror or e}") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise UserError(f"{flag} {path}: the directory is not writable")
+    return path

@@ -33,6 +33,7 @@ from oresearcher.scenario import load_scenario, parse_override
 from oresearcher.scenario_files import find_scenario
 from oresearcher.tasks import batch_note
 from oresearcher.reporting.trace import write_trace
+from oresearcher.files import writable_dir
 
 from .bench import OPS, bench_png, bus_factor, collective_bench, fmt_size, read_reference, reference_error
 from .numeric_cost import numeric_note
@@ -88,6 +89,7 @@ def _run_one(args, overrides, label):
 def cmd_simulate(args) -> int:
     scenario, report, tl = _run_one(args, args.set, "simulating steps")
     out = Path(args.out or f"runs/{scenario.name}")
+    writable_dir(out)  # a file in the way, a read-only disk: one line, not a traceback
     print_report(report, f"{scenario.name}: {scenario.training.strategy}, {report['world_size']} ranks, "
                          f"{report['mode']} mode, {report['steps']} steps")
     if report.get("faults"):
@@ -140,6 +142,7 @@ def cmd_sweep(args) -> int:
         console.print(cview.sweep_table(field, values, reports))
     name = load_scenario(args.scenario, args.set).name
     out = Path(args.out or f"runs/{name}")
+    writable_dir(out)  # a file in the way, a read-only disk: one line, not a traceback
     keep = ("step_time_s", "compute_time_s", "comm_time_s", "exposed_comm_time_s", "comm_overhead", "wire_bytes_per_step")
     write_json(out / "sweep.json", {"field": field, "values": values,
                                     "results": [{k: r[k] for k in keep if k in r} for r in reports]})
@@ -200,6 +203,7 @@ def cmd_bench(args) -> int:
     for i, (label, e) in enumerate(errors.items()):
         console.print(f"ref {i + 1}: {label}\n  error {e:.1%} = exp(mean |ln(simulated/measured)|) - 1")
     out = Path(args.out or f"runs/{scenario.name}")
+    writable_dir(out)  # a file in the way, a read-only disk: one line, not a traceback
     write_json(out / f"collective_bench_{op}.json", {"op": op, "world_size": topo.world_size, "launch": args.launch,
                                                       "rows": rows, "reference_error": errors})
     bench_png(op, rows, out / f"collective_bench_{op}.png", f"simulated {what}", refs)

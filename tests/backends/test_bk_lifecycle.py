@@ -441,3 +441,54 @@ def test_a_damaged_report_is_one_line_not_a_finished_run(tmp_path, capsys, spawn
     code, stdout, err = call(["--resume", str(out)], capsys)
     one_error(code, err, "report.json is damaged")
     assert "finished" not in stdout and (out / "report.json").read_text() == text and not spawn
+
+
+# ---- a destination that cannot be written is one line, before anything runs -----------------
+@pytest.mark.parametrize("where, words", [("file", "a file, not a directory"),
+                                          ("under a file", "is a file, so no directory can be made under it")])
+def test_an_out_that_is_or_is_under_a_file_is_one_line(tmp_path, capsys, spawn, where, words):
+    blocker = tmp_path / "blocker"
+    blocker.write_text("mine")
+    out = blocker if where == "file" else blocker / "run"
+    sc = write_scenario(tmp_path / "s.yaml")
+    code, _, err = call(["--scenario", str(sc), "--out", str(out)], capsys)
+    one_error(code, err, words)
+    assert blocker.read_text() == "mine" and not spawn
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only directories")
+def test_a_read_only_out_is_one_line(tmp_path, capsys, spawn):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    try:
+        code, _, err = call(["--scenario", str(write_scenario(tmp_path / "s.yaml")), "--out", str(ro / "run")], capsys)
+    finally:
+        ro.chmod(0o700)
+    one_error(code, err, "cannot create the directory")
+
+
+def test_a_lock_that_is_a_directory_is_one_line(tmp_path, capsys, spawn):
+    out = make_run(tmp_path)
+    (out / rundir.LOCK).mkdir()
+    code, _, err = call(["--resume", str(out)], capsys)
+    one_error(code, err, ".lock is a directory, not a run lock")
+    assert (out / rundir.LOCK).is_dir() and not spawn
+
+
+def test_sim_and_calibrate_refuse_an_out_under_a_file_before_they_work(tmp_path, capsys, monkeypatch):
+    from oresearcher import calibrate
+    from oresearcher.sim.__main__ import main as sim_main
+
+    blocker = tmp_path / "blocker"
+    blocker.write_text("mine")
+    code = cli_main(sim_main, ["scenarios/local-gloo.yaml", "--set", "training.steps=2", "--out", str(blocker)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "a file, not a directory" in err[-1], err
+    monkeypatch.setattr(calibrate, "_launch", lambda *a: pytest.fail("measured into a destination it cannot write"))
+    for k in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(k, raising=False)
+    code = cli_main(calibrate.main, ["--scenario", "scenarios/local-gloo.yaml", "--out", str(blocker / "p.yaml")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and f"{blocker}: a file, not a directory" in err[-1] and len(err) <= 3, err
+    assert blocker.read_text() == "mine"
