@@ -125,7 +125,25 @@ def invalid(root: Path, step: int, rank: int, run: Optional[dict] = None) -> Opt
         return f"{path.name} has {path.stat().st_size} bytes, its manifest says {size}"
     if sha256_file(path) != digest:
         return f"{path.name} fails its checksum"
+    try:  # intact bytes can still be no checkpoint of ours (a crafted file with a matching manifest)
+        torch.load(path, map_location="cpu", weights_only=True, mmap=True)  # mmap: tensors are not read
+    except Exception as e:  # noqa: BLE001 -- whatever torch.load makes of the file
+        return f"{path.name} cannot be loaded: {load_error(e)}"
     return None
+
+
+def load_error(e: BaseException) -> str:
+    """What was wrong with a file ``torch.load(weights_only=True)`` refused, in a phrase.
+    torch's own text advises turning weights_only off, which is exactly what a
+    checkpoint from elsewhere must never get; the reason it names is kept."""
+    text = str(e)
+    if "weights only" in text.lower() or "weights_only" in text:
+        why = next((line.strip() for line in text.splitlines()
+                    if line.strip() and "weights_only" not in line and "weights only" not in line.lower()
+                    and "documentation" not in line), "")
+        return f"it holds more than tensors ({why[:120].rstrip('.')}); checkpoints load as tensors only, never as code"
+    first = text.strip().splitlines()[0] if text.strip() else type(e).__name__
+    return first.split(". ")[0][:160].rstrip(".")
 
 
 def load(path: Path) -> dict:

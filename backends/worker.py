@@ -172,7 +172,7 @@ def _resume_point(out_dir: Path, rank: int, world: int, wanted: Optional[int],
     try:
         state = ckpt.load(ckpt.rank_file(out_dir, step, rank))
     except Exception as e:  # noqa: BLE001 -- whatever torch.load makes of a damaged file
-        raise UserError(f"{ckpt.rank_file(out_dir, step, rank)}: cannot load: {str(e)[:200]}") from None
+        raise UserError(f"{ckpt.rank_file(out_dir, step, rank)}: cannot load: {ckpt.load_error(e)}") from None
     if state.get("world_size") != world and not reshard:  # reshard: fsdp's DCP state fits any world
         raise UserError(f"{out_dir}: checkpoint of step {step} is from {state.get('world_size')} ranks, this run has {world}")
     return step, state

@@ -492,3 +492,32 @@ def test_sim_and_calibrate_refuse_an_out_under_a_file_before_they_work(tmp_path,
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and f"{blocker}: a file, not a directory" in err[-1] and len(err) <= 3, err
     assert blocker.read_text() == "mine"
+
+
+# ---- intact bytes that are no checkpoint ---------------------------------------------------------
+class _Code:
+    def __reduce__(self):
+        return (os.system, ("true",))
+
+
+def _replace_with(out, data: bytes):
+    """Rank 1's file of step 11 replaced by ``data``, its manifest updated to match (size, checksum)."""
+    from oresearcher.files import sha256_file
+
+    _pt(out).write_bytes(data)
+    _edit_manifest(out, files={"rank-0001.pt": {"bytes": len(data), "sha256": sha256_file(_pt(out))}})
+
+
+@pytest.mark.parametrize("make, words", [
+    (lambda p: torch.save({"step": 11, "x": _Code()}, p), "it holds more than tensors (Trying to load unsupported"),
+    (lambda p: p.write_bytes(b"PK\x03\x04 not a zip"), "cannot be loaded: PytorchStreamReader failed reading zip"),
+])
+def test_a_file_that_passes_its_checksum_but_cannot_be_loaded_falls_back(tmp_path, capsys, spawn, make, words):
+    out = make_run(tmp_path)
+    scratch = tmp_path / "x.pt"
+    make(scratch)
+    _replace_with(out, scratch.read_bytes())
+    code, _, err = call(["--resume", str(out)], capsys)
+    assert code == "spawned" and spawn[0][-2:] == ["--resume-step", "7"], err
+    assert len(err) == 1 and "checkpoint step 11 skipped: rank 1: rank-0001.pt" in err[0] and words in err[0], err
+    assert "Re-running" not in err[0] and "weights_only` set to `False" not in err[0]
