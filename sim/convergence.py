@@ -77,13 +77,17 @@ def mean_curve(metrics: dict) -> list[float]:
 
 
 def run_proxy(scenario: Scenario, data: dict, log=None) -> list[float]:
-    """The proxy's mean loss per step: from the cache, or run in numeric mode and cached."""
+    """The proxy's mean loss per step, the first ``training.steps`` of them: from the cache,
+    or run in numeric mode and cached. (The cooperative program's allocation can hand an
+    agent more steps than the nominal in a round and another fewer; past the nominal
+    count the mean would be over the few agents that ran on.)"""
     root = Path(scenario.convergence.cache_dir)
     if not root.is_absolute():
         root = Path.cwd() / root
     path = root / f"{cache_key(data)}.json"
+    steps = data["training"]["steps"]
     if path.is_file():
-        return json.loads(path.read_text())["curve"]
+        return json.loads(path.read_text())["curve"][:steps]
     from .simulate import simulate
 
     t0 = time.monotonic()
@@ -96,7 +100,7 @@ def run_proxy(scenario: Scenario, data: dict, log=None) -> list[float]:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps({"curve": curve, "scenario": data, "method": METHOD}, sort_keys=True))
     tmp.replace(path)
-    return curve
+    return curve[:steps]
 
 
 def no_prediction(scenario: Scenario) -> str | None:

@@ -121,3 +121,19 @@ def test_cli_refuses_a_bad_target_in_one_line(capsys):
     assert cli_main(main, ["scenarios/8xA100.yaml", "--target-loss", "-1"]) == 2
     err = capsys.readouterr().err
     assert "convergence.target_loss" in err and err.count("\n") == 1
+
+
+def test_console_says_no_prediction_in_one_line():
+    from oresearcher.reporting.convergence_view import lines
+
+    out = lines({"law": {"E": 1.69, "A": 406.4, "B": 410.7, "alpha": 0.34, "beta": 0.28, "source": "x"},
+                 "unavailable": "no prediction: no proxy for task digits"})
+    assert len(out) == 2 and out[1].strip() == "no prediction: no proxy for task digits"
+
+
+def test_cooperative_curve_stops_at_the_nominal_steps(tmp_path):
+    s = load_scenario("scenarios/8xA100.yaml", ["training.strategy=diloco", f"convergence.cache_dir={tmp_path}",
+                                                "convergence.proxy_steps=20"])
+    data = sc_mod.proxy_data(s, 0)
+    (tmp_path / f"{sc_mod.cache_key(data)}.json").write_text(json.dumps({"curve": list(range(30, 0, -1))}))
+    assert sc_mod.run_proxy(s, data) == list(range(30, 10, -1))
