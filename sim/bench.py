@@ -5,7 +5,7 @@ event-driven engine; the algorithm column names what ran (``ring/LL``: NCCL's ri
 the LL protocol, where the fabric has an NCCL model). Columns follow nccl-tests (doc/PERFORMANCE.md): ``size`` is the
 total buffer (for all_gather the gathered output, for reduce_scatter the input),
 algbw = size / time, busbw = algbw x factor with factor 2(n-1)/n for all_reduce,
-(n-1)/n for all_gather, reduce_scatter and alltoall, 1 for broadcast.
+(n-1)/n for all_gather, reduce_scatter and all_to_all, 1 for broadcast.
 """
 from __future__ import annotations
 
@@ -23,11 +23,11 @@ from oresearcher.errors import UserError
 
 from .engine import Engine
 
-OPS = ("all_reduce", "all_gather", "reduce_scatter", "alltoall", "broadcast")
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
 
 
 KINDS = {"all_reduce": "AllReduce", "all_gather": "AllGather", "reduce_scatter": "ReduceScatter",
-         "alltoall": "AllToAll", "broadcast": "Broadcast"}
+         "all_to_all": "AllToAll", "broadcast": "Broadcast"}
 
 
 def bus_factor(op: str, n: int) -> float:
@@ -99,7 +99,7 @@ def _program(op: str, size: int, n: int):
         yield O.AllGather(torch.empty(max(1, elems // n), device="meta"), name=op)
     elif op == "reduce_scatter":
         yield O.ReduceScatter(torch.empty(max(n, elems // n * n), device="meta"), name=op)
-    elif op == "alltoall":
+    elif op == "all_to_all":
         yield O.AllToAll([torch.empty(max(1, elems // n), device="meta")] * n, name=op)
     elif op == "broadcast":
         yield O.Broadcast(torch.empty(elems, device="meta"), src=0, name=op)

@@ -177,6 +177,7 @@ def test_the_shipped_1024_gpu_scenario_is_the_speed_benchmarks(tmp_path):
 
 @pytest.mark.parametrize("flags, words", [
     (["--collective-bench", "allreduce"], "did you mean all_reduce?"),
+    (["--collective-bench", "alltoall"], "did you mean all_to_all?"),
     (["--collective-bench", "all_reduce", "--sweep", "training.steps=1,2"], "--sweep and --collective-bench"),
     (["--collective-bench", "all_reduce", "--mode", "shape"], "--mode applies to a simulated training run"),
     (["--launch", "single-process"], "--launch only applies to --collective-bench"),
@@ -403,3 +404,14 @@ def test_batch_note_is_silent_exactly_when_the_shares_add_up(batch, agents, lm):
     assert (note is None) == (per * agents == batch)
     if note:
         assert f"{per * agents:,} a step" in note and ("up" in note) == (per * agents > batch)
+
+
+def test_collective_names_are_spelled_one_way():
+    """The benchmark's names are the ops' own names in snake case (AllToAll -> all_to_all)."""
+    import re
+
+    from oresearcher.sim.bench import KINDS, OPS
+
+    assert set(OPS) == set(KINDS)
+    for name, kind in KINDS.items():
+        assert name == re.sub(r"(?<!^)([A-Z])", r"_\1", kind).lower()
