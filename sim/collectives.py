@@ -118,10 +118,43 @@ def _nccl_plan(kind, ranks, S, topo, requested, root) -> Plan:
     total = S * len(ranks) if kind == "AllGather" else S  # NCCL counts the whole buffer
     if nodes > 1 and topo.net_channels(ranks, p.channels) < p.channels:  # fewer NICs than channels
         p = p.model_copy(update={"channels": topo.net_channels(ranks, p.channels)})
+    if nodes > 1 and p.nvls_channels and groups is None:  # NVLS-tree needs the same GPUs on every node
+        p = p.model_copy(update={"nvls_channels": None})
     c = N.choose(kind, total, len(ranks), nodes, topo.bus_bandwidth(ranks), p, _nccl_net(topo, nodes > 1), requested)
+    if c.algorithm == "nvls_tree":
+        return _nccl_result(c, _nvls_tree_phases(S, groups, _nvls_heads(topo, groups)), topo,
+                            _local_gpus(ranks, groups))
     rails = min(p.channels, len(groups[0])) if (groups and nodes > 1) else 1
     ph = _rail_phases(kind, c.algorithm, ranks, S, groups if nodes > 1 else None, rails, root)
     return _nccl_result(c, ph, topo, _local_gpus(ranks, groups))
+
+
+def _nvls_heads(topo, groups) -> list[int]:
+    """Positions in a node's group of the NVLS-tree heads: the first GPU behind each NIC the
+    group reaches (NCCL picks one head per NIC-local GPU, search.cc)."""
+    heads, seen = [], set()
+    for i, r in enumerate(groups[0]):
+        if topo.nic(r) not in seen:
+            seen.add(topo.nic(r))
+            heads.append(i)
+    return heads
+
+
+def _nvls_tree_phases(S, groups, heads):
+    """NVLS-tree's flows, one pipelined phase: inside each node the NVLS traffic ((m + 1) / m
+    of the buffer through every port, as :func:`_rail_phases` lays it); across nodes, for
+    each head's slice, two binary trees over the nodes (the second over the reversed order),
+    half the slice each, every edge carrying it up and back down."""
+    flows = []
+    for g in groups:
+        m = len(g)
+        flows += [(g[i], g[(i + 1) % m], (m + 1) / m * S) for i in range(m)]
+    per = S / len(heads) / 2
+    for h in heads:
+        order = [g[h] for g in groups]
+        for a, b in tree_edges(order) + tree_edges(order[::-1]):
+            flows += [(a, b, per), (b, a, per)]
+    return [Phase(tuple(flows), 1)]
 
 
 def _rail_orders(ranks, groups, rails):

@@ -188,6 +188,9 @@ class NcclNetParams(_Finite):
 
     ring_hop_latency_us: dict[Proto, Micros]
     tree_hop_latency_us: dict[Proto, Micros]
+    # NVLS-tree's step across the network (Simple); absent: NVLS-tree does not run over it.
+    nvls_tree_hop_latency_us: Optional[Micros] = Field(None, description="NVLS-tree step across the "
+                                                       "network, microseconds")
 
 
 class FabricProfile(_Finite):

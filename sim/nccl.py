@@ -41,8 +41,12 @@ here, next to the tuning.cc line it comes from.
   by the message size (enqueue.cc: 16 KiB below 2 x, 32 KiB below 8 x, 64 KiB below 64 x
   the 128 KiB x slices bytes); a slice is reduced only once every GPU has scattered its
   first chunk, so one chunk's time fills the pipeline before the links stream
-  (:func:`nvls_fill`). NCCL runs NVLS inside one node only (across nodes it needs
-  SHARP-capable switches: NVLS-tree, not modelled here), for all-reduce.
+  (:func:`nvls_fill`). Across nodes NCCL runs **NVLS-tree**: the same in-switch reduction
+  inside each node, and for each head's slice a tree over the nodes through the head's NIC
+  (two binary trees, half the slice each, as NCCL's double binary tree), then the
+  multicast store. A node's NICs carry the whole buffer each way on two nodes, twice that
+  on more (tuning.cc halves the network bandwidth past two nodes). NVLS is modelled for
+  all-reduce only.
 
 Measured constants, and why (in the fabric profile, with their source): NCCL's latency
 table ranks choices and leaves out the kernel's fixed cost; ``kernel_overhead_us`` is
@@ -66,6 +70,10 @@ US = 1e-6
 NVLS_EFFICIENCY = 5 / 6
 NVLS_MAX_CHUNK = 131072
 NVLS_CHUNK_STEPS = ((64, 65536), (8, 32768), (2, 16384))
+# NVLS-tree starts from Simple's chunk (NCCL_BUFFSIZE 4 MiB / 8 steps x 4 steps a chunk) and
+# takes its own ladder (enqueue.cc)
+SIMPLE_CHUNK = 4 * 2**20 // 8 * 4
+NVLS_TREE_CHUNK_STEPS = ((32, 262144), (16, 131072), (4, 65536), (1, 32768))
 
 
 @dataclass(frozen=True)
@@ -158,61 +166,73 @@ def latency(kind: str, algo: str, proto: str, n: int, nodes: int, p, net=None, n
     return (local + net_part + (0.0 if tuner else p.kernel_overhead_us)) * US
 
 
-def candidates(kind: str, nodes: int, p=None) -> tuple[str, ...]:
+def candidates(kind: str, nodes: int, p=None, net=None) -> tuple[str, ...]:
     """Algorithms NCCL runs for a collective: tree only for all-reduce (NCCL 2.8-2.18);
-    NVLS for a one-node all-reduce where the fabric's switch reduces (``p.nvls_channels``)."""
+    where the fabric's switch reduces (``p.nvls_channels``), NVLS for a one-node all-reduce
+    and NVLS-tree across nodes (given the network's NVLS-tree step latency)."""
     if kind != "AllReduce":
         return ("ring",)
-    if nodes == 1 and p is not None and p.nvls_channels:
-        return ("ring", "tree", "nvls")
+    if p is not None and p.nvls_channels:
+        if nodes == 1:
+            return ("ring", "tree", "nvls")
+        if net is not None and net.nvls_tree_hop_latency_us is not None:
+            return ("ring", "tree", "nvls_tree")
     return ("ring", "tree")
 
 
 def protocols(algo: str) -> tuple[str, ...]:
-    """NVLS runs the Simple protocol only (tuning.cc)."""
-    return ("Simple",) if algo == "nvls" else PROTOCOLS
+    """NVLS and NVLS-tree run the Simple protocol only (tuning.cc)."""
+    return ("Simple",) if algo in ("nvls", "nvls_tree") else PROTOCOLS
 
 
-def nvls_chunk(nbytes: float, slices: int) -> int:
+def nvls_chunk(nbytes: float, slices: int, algo: str = "nvls") -> int:
     """Bytes of one NVLS chunk for an ``nbytes`` all-reduce over ``slices`` = channels x
-    heads pipelines (enqueue.cc): 128 KiB, halved while the message is small beside it."""
-    chunk = NVLS_MAX_CHUNK
-    for times, smaller in NVLS_CHUNK_STEPS:
+    heads pipelines (enqueue.cc): 128 KiB (NVLS-tree: Simple's 2 MiB), smaller while the
+    message is small beside it."""
+    chunk, steps = ((NVLS_MAX_CHUNK, NVLS_CHUNK_STEPS) if algo == "nvls"
+                    else (SIMPLE_CHUNK, NVLS_TREE_CHUNK_STEPS))
+    for times, smaller in steps:
         if nbytes < times * slices * chunk and chunk > smaller:
             chunk = smaller
     return chunk
 
 
-def nvls_fill(nbytes: float, n: int, link_Bps: float, p) -> float:
+def nvls_fill(nbytes: float, n: int, link_Bps: float, p, algo: str = "nvls") -> float:
     """Seconds before the NVLS pipeline streams: one chunk through each of the
-    ``channels x n`` slices at the achieved rate (the whole buffer's bytes per port
-    are (n + 1) / n of it, at :data:`NVLS_EFFICIENCY` of the link)."""
+    ``channels x n`` slices (``n`` GPUs of a node) at the achieved rate (the whole
+    buffer's bytes per port are (n + 1) / n of it, at :data:`NVLS_EFFICIENCY` of the link)."""
     slices = p.nvls_channels * n
-    return slices * nvls_chunk(nbytes, slices) * bus_bytes("AllReduce", "nvls", 1.0, n) / (
+    return slices * nvls_chunk(nbytes, slices, algo) * bus_bytes("AllReduce", "nvls", 1.0, n) / (
         link_Bps * NVLS_EFFICIENCY)
 
 
-def _nvls_estimate(nbytes: float, n: int, link_Bps: float, p, tuner: bool) -> Choice:
-    """NVLS (Simple): the tuner's latency; achieved, the kernel's fixed cost and the
-    pipeline's fill on top. Both move (n + 1) / n x S per port at 5/6 of the link."""
-    lat = p.nvls_latency_us * US
+def _nvls_estimate(algo: str, nbytes: float, n: int, nodes: int, link_Bps: float, p, net,
+                   tuner: bool) -> Choice:
+    """NVLS or NVLS-tree (Simple): the tuner's latency (NVLS-tree: plus two network steps
+    per tree level); achieved, the kernel's fixed cost and the pipeline's fill on top.
+    Both move their bus bytes at 5/6 of the link."""
+    lat = p.nvls_latency_us
+    if algo == "nvls_tree":
+        lat += 2 * math.log2(nodes) * net.nvls_tree_hop_latency_us
+    lat *= US
     if not tuner:
-        lat += p.kernel_overhead_us * US + nvls_fill(nbytes, n, link_Bps, p)
-    return Choice("nvls", "Simple", p.nvls_channels, p.threads["Simple"], lat, NVLS_EFFICIENCY)
+        # the fill is the node's NVLS pipeline, timed at the collective's link rate
+        lat += p.kernel_overhead_us * US + nvls_fill(nbytes, n // nodes, link_Bps, p, algo)
+    return Choice(algo, "Simple", p.nvls_channels, p.threads["Simple"], lat, NVLS_EFFICIENCY)
 
 
 def estimate(kind: str, algo: str, proto: str, nbytes: float, n: int, nodes: int, link_Bps: float,
              p, net=None, tuner: bool = False) -> Choice:
     """One (algorithm, protocol): its channels, latency and bandwidth factor, as achieved
     or (``tuner``) as NCCL's tuner assumes when it chooses."""
-    if algo == "nvls":
-        return _nvls_estimate(nbytes, n, link_Bps, p, tuner)
+    if algo in ("nvls", "nvls_tree"):
+        return _nvls_estimate(algo, nbytes, n, nodes, link_Bps, p, net, tuner)
     nc, nt = (p.channels, p.threads[proto]) if tuner else channels_used(nbytes, proto, n, p)
     bw = bandwidth(kind, algo, proto, nbytes, n, nodes, link_Bps, p, nc, nt, tuner)
     return Choice(algo, proto, nc, nt, latency(kind, algo, proto, n, nodes, p, net, nbytes, tuner), bw / link_Bps)
 
 
-def bus_bytes(kind: str, algo: str, nbytes: float, n: int) -> float:
+def bus_bytes(kind: str, algo: str, nbytes: float, n: int, nodes: int = 1) -> float:
     """Bytes the busiest link carries per unit of link fraction (nccl-tests bus factor).
     ``nbytes`` throughout this module is NCCL's: the whole buffer (all-gather: the output,
     n x one rank's part; reduce-scatter: the input)."""
@@ -220,24 +240,26 @@ def bus_bytes(kind: str, algo: str, nbytes: float, n: int) -> float:
         return 2.0 * nbytes  # reduce up and broadcast down through each rank's port
     if algo == "nvls":
         return (n + 1) / n * nbytes  # the whole buffer scattered in, plus the slice this rank heads
+    if algo == "nvls_tree":  # through a node's NICs each way: the buffer (two nodes), twice past two
+        return nbytes if nodes <= 2 else 2.0 * nbytes
     return wire.bus_factor(kind, n) * nbytes
 
 
-def predicted_time(c: Choice, kind: str, nbytes: float, n: int, busbw_Bps: float) -> float:
+def predicted_time(c: Choice, kind: str, nbytes: float, n: int, busbw_Bps: float, nodes: int = 1) -> float:
     """The tuner's time: latency + bus bytes / (link bus bandwidth x factor)."""
-    return c.latency + bus_bytes(kind, c.algorithm, nbytes, n) / (busbw_Bps * c.bw_factor)
+    return c.latency + bus_bytes(kind, c.algorithm, nbytes, n, nodes) / (busbw_Bps * c.bw_factor)
 
 
 def choose(kind: str, nbytes: float, n: int, nodes: int, busbw_Bps: float, p, net=None,
            algorithm: str = "auto") -> Choice:
     """The (algorithm, protocol) NCCL's tuner picks (smallest time by its own table;
     ``algorithm`` 'ring' or 'tree' restricts it), with what that choice achieves."""
-    algos = candidates(kind, nodes, p)
+    algos = candidates(kind, nodes, p, net)
     if algorithm in algos:
         algos = (algorithm,)
     pairs = [(a, proto) for a in algos for proto in protocols(a)]
     a, proto = min(pairs, key=lambda ap: predicted_time(
-        estimate(kind, *ap, nbytes, n, nodes, busbw_Bps, p, net, tuner=True), kind, nbytes, n, busbw_Bps))
+        estimate(kind, *ap, nbytes, n, nodes, busbw_Bps, p, net, tuner=True), kind, nbytes, n, busbw_Bps, nodes))
     return estimate(kind, a, proto, nbytes, n, nodes, busbw_Bps, p, net)
 
 

@@ -29,8 +29,8 @@ PORT = 450e9 * 0.824
 US = 1e-6
 
 
-def h100(n=8, nodes=1):
-    return build_topology(n * nodes, n, H100, CAT["fabric", "ndr-ib"] if nodes > 1 else None, n)
+def h100(n=8, nodes=1, nics=None, inter="ndr-ib"):
+    return build_topology(n * nodes, n, H100, CAT["fabric", inter] if nodes > 1 else None, nics or n)
 
 
 def test_one_gib_golden():
@@ -56,15 +56,44 @@ def test_chunk_ladder_by_hand(nbytes, chunk):
     assert N.nvls_chunk(nbytes, 128) == chunk
 
 
-def test_nvls_only_where_the_switch_reduces_and_only_in_one_node():
+def test_nvls_only_where_the_switch_reduces():
+    """NVLS inside one node, NVLS-tree across nodes whose network states its step latency;
+    never on A100's NVSwitch; ring and tree when asked; all-gather stays on the ring."""
     a100 = build_topology(8, 8, CAT["fabric", "nvswitch-a100"])
     for S in (2**20, 2**26, 2**33):
         assert not C.plan("AllReduce", tuple(range(8)), S, a100).label.startswith("nvls")
-        assert not C.plan("AllReduce", tuple(range(16)), S, h100(nodes=2)).label.startswith("nvls")
         assert C.plan("AllReduce", tuple(range(8)), S, h100()).label == "nvls/Simple"
         assert C.plan("AllReduce", tuple(range(8)), S, h100(), "ring").label.startswith("ring/")
         assert C.plan("AllGather", tuple(range(8)), S / 8, h100()).label.startswith("ring/")
+        assert not C.plan("AllReduce", tuple(range(16)), S, h100(nodes=2, inter="hdr-ib")).label.startswith("nvls")
+    assert C.plan("AllReduce", tuple(range(16)), 2**31, h100(nodes=2)).label == "nvls_tree/Simple"
     assert C.plan("AllReduce", tuple(range(8)), 1024, h100()).label == "ring/LL"  # latency wins small
+
+
+def test_nvls_tree_two_nodes_golden():
+    """2 GiB on 2 x 8 H100 with 8 NDR NICs a node (50 GB/s x 0.9 = 45 GB/s each way): NVLS-tree.
+    Latency 25 + 2 x log2(2) x 14 (the network's NVLS-tree step) + 7.7 us = 60.7 us. 128 slices;
+    the chunk starts at Simple's 2 MiB and, 2^31 being below 32 x 128 x 2 MiB, drops to 256 KiB:
+    the fill is 128 x 256 KiB x 9/8 at 5/6 of the 360 GB/s the NICs allow = 125.8 us. Inside a
+    node every port carries 9/8 of the buffer at 5/6 of 370.8 GB/s: 7,818.5 us. Across nodes
+    each head's NIC carries its slice (S/8) each way, half on each tree: S/8 at 5/6 of 45 GB/s =
+    7,158.3 us, under NVLink's. In all 8,005.0 us: 503 GB/s bus bandwidth over 16 ranks."""
+    t, S = h100(nodes=2), 2**31
+    pl = C.plan("AllReduce", tuple(range(16)), S, t)
+    assert pl.label == "nvls_tree/Simple"
+    expect = 60.7 * US + 128 * 262144 * 9 / 8 / (360e9 * 5 / 6) + 9 / 8 * S / (PORT * 5 / 6)
+    assert C.plan_time(pl, t) == pytest.approx(expect, rel=1e-9)
+    assert expect == pytest.approx(8005.0 * US, rel=1e-4)
+
+
+def test_nvls_tree_heads_follow_the_nics():
+    """One head per NIC: with 4 NICs a node's slices cross four NICs, each carrying S/4 each
+    way on two nodes, so from 256 MiB the NICs bind at 4 x 45 x 5/6 = 150 GB/s."""
+    t, S = h100(nodes=2, nics=4), 2**30
+    pl = C.plan("AllReduce", tuple(range(16)), S, t)
+    assert pl.label == "nvls_tree/Simple"
+    assert C.plan_time(pl, t) >= S / 150e9
+    assert C.plan_time(pl, t) == pytest.approx(S / 150e9, rel=0.05)
 
 
 @settings(max_examples=150, deadline=None)
@@ -128,3 +157,17 @@ def test_reduce_scatter_and_all_gather_against_nvidias_quoted_busbw(op, quoted):
           f"({row['busbw_GBps'] / quoted - 1:+.1%}), {row['algorithm']}")
     assert row["algorithm"] == "ring/Simple"
     assert abs(row["busbw_GBps"] / quoted - 1) <= 0.10
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(2**20, 2**34), st.sampled_from([2, 4, 8]))
+def test_nvls_tree_never_beats_its_links(nbytes, nics):
+    """What the docs promise for two nodes: NVLS-tree is never faster than its NVLink part,
+    9/8 of the buffer through each port, nor its network part, S / NICs each way through each
+    NIC, both at 5/6 of the link."""
+    t = h100(nodes=2, nics=nics)
+    pl = C.plan("AllReduce", tuple(range(16)), nbytes, t)
+    if pl.label != "nvls_tree/Simple":
+        return
+    floor = max(9 / 8 * nbytes / (PORT * 5 / 6), nbytes / nics / (45e9 * 5 / 6))
+    assert C.plan_time(pl, t) >= floor * (1 - 1e-9)
