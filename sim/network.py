@@ -74,10 +74,11 @@ class _Batch:
     element sees the same IEEE double operations as a Python float would).
     """
 
-    __slots__ = ("routes", "remaining", "rates", "rate", "event", "key")
+    __slots__ = ("base", "base_key", "idx", "count", "remaining", "rates", "rate", "event", "key")
 
     def __init__(self, routes, nbytes, event, key, uniform):
-        self.routes, self.event, self.key = routes, event, key
+        self.base, self.event, self.key, self.base_key = routes, event, key, key
+        self.idx, self.count = None, len(routes)  # idx: the flows of base still left (None: all)
         self.remaining = float(nbytes[0]) if uniform else np.array(nbytes, dtype=np.float64)
         self.rates, self.rate = None, None
 
@@ -87,7 +88,7 @@ class _Batch:
         if type(self.remaining) is float:
             if common is not None:
                 return self.remaining / common
-            self.remaining = np.full(len(self.routes), self.remaining)
+            self.remaining = np.full(self.count, self.remaining)
         if type(rates) is list:  # equal rates for flows of unequal sizes
             self.rates = rates = np.array(rates, dtype=np.float64)
         return float((self.remaining / rates).min())
@@ -98,17 +99,24 @@ class _Batch:
         else:
             self.remaining = self.remaining - self.rates * dt
 
-    def unfinished(self, done_s: float = _DONE_S):
-        """None when no flow is done yet (``done_s``: :func:`done_within`), () when all
-        are, else (routes, remaining) of the flows left."""
+    @property
+    def routes(self) -> tuple:
+        """Routes of the flows still left."""
+        return self.base if self.idx is None else tuple(self.base[i] for i in self.idx.tolist())
+
+    def drop_done(self, done_s: float = _DONE_S):
+        """Forget the flows that are done (``done_s``: :func:`done_within`); returns
+        None when none was, else whether every flow is."""
         if type(self.remaining) is float:
-            return () if self.remaining <= self.rate * done_s else None
+            return True if self.remaining <= self.rate * done_s else None
         left = self.remaining > self.rates * done_s
         if left.all():
             return None
         if not left.any():
-            return ()
-        return tuple(rt for rt, k in zip(self.routes, left.tolist()) if k), self.remaining[left]
+            return True
+        self.idx = np.flatnonzero(left) if self.idx is None else self.idx[left]
+        self.remaining, self.count = self.remaining[left], len(self.idx)
+        return False
 
 
 class FlowNetwork:
@@ -156,7 +164,7 @@ class FlowNetwork:
 
     @property
     def active(self) -> int:
-        return sum(len(b.routes) for b in self._batches)
+        return sum(b.count for b in self._batches)
 
     def _advance(self) -> None:
         dt = self.env.now - self._last
@@ -175,10 +183,10 @@ class FlowNetwork:
             flat = maxmin_rates([r for b in self._batches for r in b.routes], self.capacity)
             per_batch, i = [], 0
             for b in self._batches:
-                rates = flat[i:i + len(b.routes)]
+                rates = flat[i:i + b.count]
                 common = rates[0] if all(r == rates[0] for r in rates) else None
                 per_batch.append((rates if common is not None else np.array(rates, dtype=np.float64), common))
-                i += len(b.routes)
+                i += b.count
             if len(self._rates) > 4096:
                 self._rates.clear()
             self._rates[key] = per_batch
@@ -196,15 +204,12 @@ class FlowNetwork:
         keep = []
         done_s = done_within(self.env.now)
         for b in self._batches:
-            left = b.unfinished(done_s)
-            if left is None:  # nothing done yet
-                keep.append(b)
-                continue
-            if not left:
+            done = b.drop_done(done_s)
+            if done:
                 b.event.succeed()
                 continue
-            b.routes, b.remaining = left
-            b.key = self._shape_ids.setdefault(b.routes, len(self._shape_ids))
+            if done is not None:  # some flows left: the key of what is left (the flows by index)
+                b.key = self._shape_ids.setdefault((b.base_key, b.idx.tobytes()), len(self._shape_ids))
             keep.append(b)
         self._batches = keep
         self._reschedule()

@@ -124,6 +124,8 @@ class Timeline:
         (``rep_of[r] != r``) adds only to the run-wide sums and its own wire bytes: it
         shares its representative's totals (:meth:`share`) and draws no span of its own.
         The sums add up in the same order as one record per rank would."""
+        if cat == "peer_wait" and all(t >= end for t in starts.values()):
+            return  # nobody waited (a symmetric class arrives all at once)
         wire = wire or {}
         c = self.collectives[name] if cat == "comm" else None
         algo = args.get("algorithm") if args else None
