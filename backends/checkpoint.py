@@ -75,12 +75,39 @@ def save_checkpoint(root: Path, step: int, rank: int, world_size: int, state: di
     """This rank's file of ``step``, then its manifest (written last: it makes the step held).
     ``run``: {"run_id", "scenario"} of the run (its run.json), recorded in the manifest."""
     path = rank_file(root, step, rank)
-    save_atomic(state, path, root=root)
-    manifest = {"step": int(step), "rank": int(rank), "world_size": int(world_size),
-                **({"run_id": run["run_id"], "scenario_sha256": run["scenario"]} if run else {}),
-                "files": {path.name: {"bytes": path.stat().st_size, "sha256": sha256_file(path)}}}
-    write_atomic(manifest_file(root, step, rank), json.dumps(manifest).encode(), root=root)
+    try:
+        save_atomic(state, path, root=root)
+        manifest = {"step": int(step), "rank": int(rank), "world_size": int(world_size),
+                    **({"run_id": run["run_id"], "scenario_sha256": run["scenario"]} if run else {}),
+                    "files": {path.name: {"bytes": path.stat().st_size, "sha256": sha256_file(path)}}}
+        write_atomic(manifest_file(root, step, rank), json.dumps(manifest).encode(), root=root)
+    except (OSError, RuntimeError) as e:
+        why = write_failure(e, Path(root))
+        if why is None:
+            raise
+        raise UserError(f"{path.parent}: cannot write checkpoint step {step}: {why}; the checkpoints before "
+                        f"it are intact (resume with --resume {root})") from None
     return path
+
+
+def write_failure(e: BaseException, where: Path) -> Optional[str]:
+    """A failed write as a phrase (a full disk, a quota, a read-only file system), or None
+    when ``e`` is not about writing (a bug, which keeps its traceback)."""
+    import errno
+    import shutil
+
+    if isinstance(e, OSError):
+        if e.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", -1)):
+            return "the disk is full (no space left on the device)"
+        return e.strerror or str(e)[:160]
+    if "write" not in str(e).lower():
+        return None
+    try:
+        free = shutil.disk_usage(where).free
+    except OSError:
+        free = None
+    full = " (the disk is full)" if free is not None and free < (1 << 20) else ""
+    return f"the write failed{full}: {str(e).splitlines()[0][:120]}"
 
 
 def run_identity(manifest: Optional[dict]) -> Optional[dict]:

@@ -21,6 +21,7 @@ import importlib
 import json
 import logging
 import os
+import signal
 import sys
 import threading
 import time
@@ -190,6 +191,11 @@ def init_process_group(denv: DistEnv, backend: str, timeout_s: float):
 def run_rank(scenario, opts: RunOptions, denv: DistEnv, resume_step: Optional[int] = None) -> int:
     """Run this rank to the end; returns its exit code."""
     rank, world = denv.rank, denv.world_size
+    if threading.current_thread() is threading.main_thread():
+        # SIGINT reaches a rank only when sent to it: it ends the rank as SIGTERM does (the
+        # launcher names it; a half-written file is a temp file removed at the next start),
+        # not as a KeyboardInterrupt traceback out of torch.save
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
     torch.set_num_threads(max(1, opts.threads))
     device, store = init_process_group(denv, opts.backend, opts.timeout_s)
     stopper = _Stopper(min(opts.timeout_s, 5.0), opts.out_dir,
@@ -428,6 +434,19 @@ def _distilled(learner, scenario, opts: RunOptions) -> dict:
 
 def _write_report(tl: Timeline, scenario, opts: RunOptions, start: int, wall: float, device,
                   more: Optional[dict] = None) -> None:
+    """The report, trace and figures (rank 0); a full disk is one line: the final
+    checkpoints are complete and ``--resume`` writes the report from them."""
+    try:
+        _write_report_files(tl, scenario, opts, start, wall, device, more)
+    except OSError as e:
+        then = (f"--resume {opts.out_dir} writes it from the final checkpoints" if scenario.training.checkpoint_every
+                else "run it again (training.checkpoint_every is 0: no checkpoint to write it from)")
+        raise UserError(f"{opts.out_dir}: cannot write the report: {ckpt.write_failure(e, Path(opts.out_dir))}; "
+                        f"free space, then {then}") from None
+
+
+def _write_report_files(tl: Timeline, scenario, opts: RunOptions, start: int, wall: float, device,
+                        more: Optional[dict] = None) -> None:
     extra = {
         "strategy": scenario.training.strategy,
         "final_metrics": final_metrics(tl),

@@ -6,11 +6,14 @@ KILL_RANK: the rank that dies (SIGKILL); KILL_AT: where,
     report          rank 0 only: as it starts writing the report (after the final checkpoint)
     saved:STEP      right after the rank's checkpoint of STEP is complete (manifest written)
     saving:STEP     in the middle of writing the rank's checkpoint file of STEP
+    sigint:STEP     as saving:STEP, but SIGINT (sent to the rank alone)
+    full:STEP       no SIGKILL: the disk fills (ENOSPC) while the rank writes its file of STEP
 
 Under torchrun only the first attempt dies (TORCHELASTIC_RESTART_COUNT 0).
 """
 from __future__ import annotations
 
+import errno
 import os
 import signal
 
@@ -39,15 +42,22 @@ def make_learner(scenario, rank, *, mode="real", device="cpu"):
                 _die()
             return path
         checkpoint.Checkpointer.save = saved
-    elif where == "saving":
+    elif where in ("saving", "sigint", "full"):
         write = checkpoint.save_atomic
+
+        def stop():
+            if where == "full":
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            if where == "sigint":
+                os.kill(os.getpid(), signal.SIGINT)
+            _die()
 
         def saving(obj, path, root=None):
             if obj.get("step") == int(arg):
                 def half(f):
                     f.write(b"half a checkpoint")
                     f.flush()
-                    _die()
+                    stop()
                 return checkpoint.write_atomic(path, half, root=root)
             return write(obj, path, root)
         checkpoint.save_atomic = saving

@@ -70,3 +70,20 @@ def test_torchrun_restart_after_the_final_checkpoint_writes_the_whole_report(tmp
         p.stderr[-3000:]
     same_result(json.loads((out / "report.json").read_text()), want)
     assert rundir.finished(out)["steps"] == STEPS
+
+
+@pytest.mark.parametrize("at, code, words", [
+    ("full", 2, "cannot write checkpoint step 3: the disk is full (no space left on the device); the checkpoints "
+                "before it are intact"),
+    ("sigint", 1, "rank 1 lost (killed by SIGINT)"),
+])
+def test_a_full_disk_or_a_sigint_mid_save_is_one_line_and_the_earlier_checkpoint_survives(tmp_path, child_env,
+                                                                                          reference, at, code, words):
+    sc, _ = reference
+    out = tmp_path / "run"
+    p = run(["--scenario", str(sc), "--out", str(out), "--keep_checkpoints", "0"],
+            dict(child_env, KILL_RANK="1", KILL_AT=f"{at}:3"))
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == code and len(lines) <= 3 and "Traceback" not in p.stderr, p.stderr[-3000:]
+    assert words in lines[-1] and f"--resume {out}" in lines[-1], lines
+    assert ckpt.invalid(out, 1, 0) is None and ckpt.invalid(out, 1, 1) is None  # step 1's checkpoint, intact
