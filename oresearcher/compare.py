@@ -151,9 +151,9 @@ def profile_lines(predicted: dict, measured: dict) -> list[str]:
         return [f"prediction priced with profiles {names} from {', '.join(map(str, files))[:120]}"]
     name = str((predicted.get("scenario") or {}).get("name", "S"))[:64]
     backend = measured.get("backend") if measured.get("backend") in ("gloo", "nccl") else "gloo"
-    return [f"prediction priced with the shipped default profiles {names} (sim/profiles), not this machine's;",
-            f"calibrate: python -m oresearcher.calibrate --backend={backend} --scenario scenarios/{name}.yaml, then",
-            f"name runs/{name}/profile.yaml in cluster.profile_files and its profiles in cluster.device/intra_node"]
+    return [f"prediction priced with shipped profiles {names} (sim/profiles), not this host's",
+            f"calibrate: python -m oresearcher.calibrate --backend={backend} --scenario scenarios/{name}.yaml",
+            f"then predict with runs/{name}/profile.yaml (docs/calibration.md, 'The chain')"]
 
 
 def print_table(rows: list[dict], title: str) -> None:

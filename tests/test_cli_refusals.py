@@ -257,9 +257,9 @@ def test_compare_names_the_default_profiles_and_how_to_calibrate(tmp_path, cli):
     pred, meas = _compare_reports(tmp_path, {"device": "cpu-local", "intra_node": "loopback", "profile_files": []})
     code, out, err = cli(compare_main, [pred, meas])
     assert code == 0, err
-    assert "prediction priced with the shipped default profiles cpu-local, loopback (sim/profiles)" in out
+    assert "prediction priced with shipped profiles cpu-local, loopback (sim/profiles), not this host's" in out
     assert "python -m oresearcher.calibrate --backend=gloo --scenario scenarios/local-gloo.yaml" in out
-    assert "runs/local-gloo/profile.yaml in cluster.profile_files" in out
+    assert "then predict with runs/local-gloo/profile.yaml" in out
 
 
 def test_compare_names_calibrated_profiles_without_the_hint(tmp_path, cli):
