@@ -17,8 +17,9 @@ tensors and a JSON header, so loading runs no code -- nothing is pickled) and
 :func:`load_model` refuses, with one line naming the file and the problem
 (:class:`oresearcher.errors.UserError`), a directory without both files, JSON that does
 not parse or lacks a field, an unknown format, task or architecture, weights whose
-SHA-256 is not the recorded one (tampering, truncation) and tensors that do not match the
-architecture's names, shapes and dtypes exactly. Weights reload bit for bit.
+SHA-256 is not the recorded one (tampering, truncation), tensors that do not match the
+architecture's names, shapes and dtypes exactly, and an ``n_classes`` the weights' head
+contradicts. Weights reload bit for bit.
 """
 from __future__ import annotations
 
@@ -70,6 +71,8 @@ def read_meta(directory) -> dict:
         meta = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise UserError(f"{path}: not valid JSON ({short(str(e))})") from None
+    except RecursionError:
+        raise UserError(f"{path}: not a model description: JSON nested too deeply") from None
     if not isinstance(meta, dict):
         raise UserError(f"{path}: expected a JSON object")
     for key, kind in FIELDS.items():
@@ -107,8 +110,9 @@ def load_model(directory) -> tuple[torch.nn.Module, dict]:
         tensors = load_file(str(weights))
     except (SafetensorError, OSError, ValueError) as e:
         raise UserError(f"{weights}: not a safetensors file ({short(str(e))})") from None
+    task = importlib.import_module(TASKS[meta["task"]])
     with torch.random.fork_rng(devices=[]):  # building the module draws init weights, all replaced
-        module = importlib.import_module(TASKS[meta["task"]]).build_model(meta["architecture"])
+        module = task.build_model(meta["architecture"])
     want = module.state_dict()
     if set(tensors) != set(want):
         extra, missing = sorted(set(tensors) - set(want)), sorted(set(want) - set(tensors))
@@ -119,7 +123,20 @@ def load_model(directory) -> tuple[torch.nn.Module, dict]:
             raise UserError(f"{weights}: tensor {name} is {tuple(t.shape)} {t.dtype}, "
                             f"{meta['architecture']} needs {tuple(want[name].shape)} {want[name].dtype}")
     module.load_state_dict(tensors, strict=True)
+    classes = _classes(task, module)
+    if classes is not None and meta["n_classes"] != classes:  # the description must say what the weights are
+        raise UserError(f"{Path(directory) / META}: n_classes is {meta['n_classes']}, but the weights' "
+                        f"{meta['architecture']} head has {classes} outputs")
     return module.eval(), meta
+
+
+def _classes(task, module: torch.nn.Module):
+    """How many classes the model predicts: the task's N_CLASSES, else its last linear layer's outputs."""
+    n = getattr(task, "N_CLASSES", None)
+    if isinstance(n, int):
+        return n
+    heads = [m for m in module.modules() if isinstance(m, torch.nn.Linear)]
+    return heads[-1].out_features if heads else None
 
 
 def main(argv=None) -> int:
