@@ -105,7 +105,8 @@ class CommunicationSpec(Strict):
     share_every: Int = Field(1, ge=1, le=MAX_STEPS, description="share gradients every k steps")
     codec: CodecField = Field("none", validate_default=True, description="codec spec for shared gradients, e.g. "
                               "int8, ef(topk:0.01) (oresearcher.codecs.spec: parsed once, here)")
-    bucket_size_MB: Float = Field(25.0, gt=0, le=1e5, description="gradient bucket size, MB (10^6 bytes)")
+    bucket_size_MB: Float = Field(25.0, ge=1e-6, le=1e5, description="gradient bucket size, MB (10^6 bytes; "
+                                  "at least one byte)")
     overlap: bool = Field(True, description="overlap bucketed communication with backward compute")
     algorithm: Literal[ALGORITHMS] = Field("auto", description="collective algorithm; auto picks the fastest")
     budget: Optional[Float] = Field(None, gt=0, lt=1, description="oresearcher strategy: keep exposed communication "

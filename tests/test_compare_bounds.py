@@ -5,7 +5,7 @@ import json
 import math
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given, settings, strategies as st
 
 from oresearcher.compare import HEADLINE, main
 from oresearcher.errors import cli_main
@@ -67,6 +67,7 @@ def test_deeply_nested_or_non_object_json_is_refused(tmp_path, capsys, text, wor
 figure = st.floats(min_value=1e-6, max_value=1e3, allow_nan=False)
 
 
+@settings(deadline=None)  # file I/O and first imports on a loaded host
 @given(pred=st.tuples(figure, figure), meas=st.tuples(figure, figure),
        bound=st.floats(min_value=0, max_value=10, allow_nan=False))
 def test_the_gate_fails_exactly_when_a_headline_error_exceeds_the_bound(tmp_path_factory, pred, meas, bound):

@@ -6,7 +6,7 @@ import math
 import time
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given, settings, strategies as st
 
 from oresearcher.errors import UserError, cli_main
 from oresearcher.sim.__main__ import main
@@ -54,6 +54,7 @@ def test_the_simulator_refuses_a_hanging_profile_in_one_line(tmp_path, capsys):
     assert code == 2 and len(err) == 1 and "base_latency_us" in err[0] and "Traceback" not in err[0], err
 
 
+@settings(deadline=None)  # file I/O and first imports on a loaded host
 @given(x=st.floats(allow_nan=True, allow_infinity=True))
 def test_peak_flops_is_accepted_exactly_inside_its_documented_range(tmp_path_factory, x):
     path = _file(tmp_path_factory.mktemp("p"), _doc(DEVICE, peak_flops="{fp32: %r}" % x)
@@ -67,6 +68,7 @@ def test_peak_flops_is_accepted_exactly_inside_its_documented_range(tmp_path_fac
         assert ok and got == x
 
 
+@settings(deadline=None)  # file I/O and first imports on a loaded host
 @given(x=st.floats(allow_nan=True, allow_infinity=True))
 def test_bandwidth_is_accepted_exactly_inside_its_documented_range(tmp_path_factory, x):
     path = _file(tmp_path_factory.mktemp("p"), _doc(FABRIC, bandwidth_GBps=repr(x))
