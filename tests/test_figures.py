@@ -141,3 +141,33 @@ def test_time_ticks_say_zero_without_a_unit_and_the_rest_with_a_prefix():
 
     f = SITime()
     assert f(0.0) == "0" and f(0.005) == "5 ms" and f(2.5e-5) == "25 µs"
+
+
+def test_lanes_name_each_ranks_role():
+    """toy_timeline's ranks report roles r % 3 (ROLE_CODES): the lane labels say them."""
+    fig, ax = plt.subplots()
+    figures.draw_timeline(ax, toy_timeline())
+    labels = [t.get_text() for t in ax.get_yticklabels()]
+    assert labels == ["rank 0 (explorer)", "rank 1 (optimizer)", "rank 2 (validator)", "rank 3 (explorer)"]
+    plt.close(fig)
+
+
+def test_per_collective_panel_separates_waiting_from_transfer():
+    """424 ms in flight per step and rank, 412 ms of it waiting for slower peers: two
+    segments, 412 ms and 12 ms, and the label says how much was waiting."""
+    steps, ws = 10, 4
+    report = {"steps": steps, "world_size": ws, "breakdown": [
+        {"name": "grad_share", "time_s": 0.424 * steps * ws, "peer_wait_s": 0.412 * steps * ws},
+        {"name": "param_gather", "time_s": 0.010 * steps * ws}]}  # a real run's row: no waiting part
+    parts = figures.collective_parts(report)
+    assert [(n, round(t, 6), round(w, 6)) for n, t, w in parts] == [("grad_share", 0.424, 0.412),
+                                                                     ("param_gather", 0.01, 0.0)]
+    fig, ax = plt.subplots()
+    figures.draw_collectives(ax, report)
+    waiting, transfer = ax.containers
+    assert [round(b.get_width(), 6) for b in waiting] == [0.412, 0.0]
+    assert [round(b.get_width(), 6) for b in transfer] == [0.012, 0.01]
+    assert [round(b.get_x(), 6) for b in transfer] == [0.412, 0.0]  # transfer starts where waiting ends
+    texts = [t.get_text() for t in ax.texts]
+    assert "424 ms (412 ms waiting)" in texts and "10.0 ms" in texts
+    plt.close(fig)
