@@ -14,9 +14,11 @@ its training steps are scaled so its counted FLOPs match the full method's at lr
 
 Every cell: the variant's deployed-model test metric (the student where the task distils,
 else the plain average of the agents), mean over seeds, and the paired difference
-variant - full with its 95% interval (t-distribution). A positive difference means the
-mechanism costs quality (the method does better without it); "pays" when the interval
-lies below 0, "costs" when above, "-" when it includes 0. Printed as measured.
+variant - full with its 95% interval (t-distribution): "full better" when the interval
+lies below 0 (the default choice pays against the variant), "variant better" when above,
+"tie" when it includes 0. For a row that switches a mechanism off, "full better" means
+the mechanism pays; for a row that adds one ("+ ..."), "full better" means adding it
+costs. Printed as measured; ``--table JSON`` prints the tables of a saved run again.
 """
 from __future__ import annotations
 
@@ -104,9 +106,10 @@ def run_task(task: str, seeds: list[int], size: str, lrs=B.LR_MULTS, log=print, 
 
 
 def verdict_word(d) -> str:
+    """Which side of the paired difference (variant - full) the interval puts ahead."""
     if d is None:
         return "n/a"
-    return "pays" if d[2] < 0 else "costs" if d[1] > 0 else "-"
+    return "full better" if d[2] < 0 else "variant better" if d[1] > 0 else "tie"
 
 
 def table(task: str, res: dict, seeds: list[int], out=print) -> None:
@@ -137,6 +140,19 @@ def table(task: str, res: dict, seeds: list[int], out=print) -> None:
             (f" ({steps} steps)" if steps else "") + " |")
 
 
+def print_saved(path: str) -> int:
+    try:
+        saved = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        print(f"bench_ablation: cannot read {path}: {e}", file=sys.stderr)
+        return 2
+    for task, res in saved.items():
+        runs = {float(k): v for k, v in res["runs"].items()}
+        seeds = list(range(100, 100 + len(runs[1.0]["full"])))
+        table(task, {**res, "runs": runs}, seeds)
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tasks", default="digits")
@@ -146,7 +162,10 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="CI-sized smoke: quick sizes, 2 seeds")
     p.add_argument("--json", help="write all raw results here")
     p.add_argument("--jobs", type=int, default=1, help="processes running the seeds of a cell side by side")
+    p.add_argument("--table", metavar="JSON", help="print the tables of a run saved with --json, run nothing")
     args = p.parse_args(argv)
+    if args.table:
+        return print_saved(args.table)
     tasks = args.tasks.split(",")
     try:
         lrs = tuple(float(x) for x in args.lrs.split(","))

@@ -44,15 +44,15 @@ def _runs(xs):
 def test_verdicts_and_table_by_hand():
     full, better, worse = [0.5, 0.6, 0.7], [0.6, 0.7, 0.8], [0.4, 0.5, 0.55]
     d = A.paired_diff(_runs(better), _runs(full))
-    assert d[0] == pytest.approx(0.1) and A.verdict_word(d) == "costs"  # better without it: the mechanism costs
-    assert A.verdict_word(A.paired_diff(_runs(worse), _runs(full))) == "pays"
-    assert A.verdict_word((0.0, -0.1, 0.1)) == "-" and A.verdict_word(None) == "n/a"
+    assert d[0] == pytest.approx(0.1) and A.verdict_word(d) == "variant better"
+    assert A.verdict_word(A.paired_diff(_runs(worse), _runs(full))) == "full better"
+    assert A.verdict_word((0.0, -0.1, 0.1)) == "tie" and A.verdict_word(None) == "n/a"
     res = {"target_flops": 100.0, "steps": {"full": None, "no PBT": 31},
            "runs": {1.0: {"full": _runs(full), "no PBT": _runs(better)}}}
     lines = []
     A.table("digits", res, [100, 101, 102], out=lines.append)
     row = next(x for x in lines if x.startswith("| no PBT"))
-    assert "0.700; +0.100 [+0.100, +0.100] costs" in row and "x1.00 (31 steps)" in row
+    assert "0.700; +0.100 [+0.100, +0.100] variant better" in row and "x1.00 (31 steps)" in row
     assert any(x.startswith("| full |") and "0.600" in x for x in lines)
 
 
@@ -60,4 +60,6 @@ def test_bad_arguments_are_one_line(capsys):
     assert A.main(["--tasks", "nope"]) == 2
     assert A.main(["--lrs", "0.1,10"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 2 and "bench_ablation:" in err
+    assert A.main(["--table", "/nonexistent.json"]) == 2
+    err = err + capsys.readouterr().err
+    assert err.count("\n") == 3 and "bench_ablation:" in err
