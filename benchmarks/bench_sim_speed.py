@@ -13,7 +13,7 @@ target, the ops the run stands for (a symmetric class counts every member) and t
 processes the engine ran. The workload is a gpt-125m replica per GPU with torch DDP's
 default 25 MB buckets (10 buckets per step, each all-reduced during backward), so a
 step is ~28 ops per rank. The sweep varies communication.bucket_size_MB over 128 values
-of the 8-rank case at 20 steps.
+of the 8-rank case at 100 steps.
 """
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ def sweep_speedup(configs: int, jobs: int) -> tuple[float, float, bool]:
     from oresearcher.sim.sweep import run_pool
 
     path, sets, _, _ = CASES["8 ranks x 10,000 steps"]
-    grid = [[*sets, "training.steps=20", f"communication.bucket_size_MB={1 + i}"] for i in range(configs)]
+    grid = [[*sets, "training.steps=100", f"communication.bucket_size_MB={1 + i}"] for i in range(configs)]
     run_pool(path, grid[:1], None, 1)  # warm the caches the workers inherit
     t0 = time.perf_counter()
     serial = run_pool(path, grid, None, 1)

@@ -29,7 +29,7 @@ from oresearcher.reporting.console import console, print_report
 from oresearcher.errors import UserError, cli_main
 from oresearcher.reporting.progress import ProgressLines
 from oresearcher.reporting.report import write_json
-from oresearcher.scenario import load_scenario, parse_override
+from oresearcher.scenario import check_resize, load_scenario, parse_override
 from oresearcher.scenario_files import find_scenario
 from oresearcher.tasks import batch_note
 from oresearcher.reporting.trace import write_trace
@@ -71,8 +71,15 @@ class _LazyProgress:
             self.bar.stop()
 
 
-def _run_one(args, overrides, label):
+def _load(args, overrides):
+    """The scenario with the user's overrides; a cluster resized without its agents is refused."""
     scenario = load_scenario(args.scenario, overrides)
+    check_resize(scenario, overrides)
+    return scenario
+
+
+def _run_one(args, overrides, label):
+    scenario = _load(args, overrides)
     if note := batch_note(scenario):
         console.print(note, highlight=False)
     if (args.mode or resolve_mode(scenario)) == "numeric" and (note := numeric_note(scenario)):
@@ -92,6 +99,11 @@ def cmd_simulate(args) -> int:
     writable_dir(out)  # a file in the way, a read-only disk: one line, not a traceback
     print_report(report, f"{scenario.name}: {scenario.training.strategy}, {report['world_size']} ranks, "
                          f"{report['mode']} mode, {report['steps']} steps")
+    eng = report.get("engine")
+    if eng:  # how the run was computed (sim/symmetry.py); the figures are the same either way
+        how = (f"one process per class ({eng['processes']:,} for {report['world_size']:,} ranks)"
+               if eng["symmetry"] == "classes" else f"one process per rank ({eng['processes']:,})")
+        console.print(f"engine: {how}: {eng['why']}", style="dim", highlight=False)
     if report.get("faults"):
         from .faults import faults_table
 
@@ -123,7 +135,7 @@ def cmd_sweep(args) -> int:
     if len(values) == 1 and len(raw) > 1:
         values = [parse_override(f"x={v}")[1] for v in raw]
     for v in values:  # every value is checked before any runs: a bad one costs nothing
-        load_scenario(args.scenario, [*args.set, f"{field}={v}"])
+        _load(args, [*args.set, f"{field}={v}"])
     if args.jobs == 1:
         reports = []
         for v in values:

@@ -110,6 +110,8 @@ class Timeline:
     def share(self, classes) -> None:
         """Ranks of one class (sim/symmetry.py) share their representative's (the first
         rank's) totals, step ends and metrics: the engine records those once a class."""
+        # figures and traces draw one lane per class (sim/symmetry.py), named for it
+        self.lane_names = {c[0]: f"ranks {c[0]}-{c[-1]} ({len(c):,}, one class)" for c in classes if len(c) > 1}
         for members in classes:
             rep = members[0]
             for r in members[1:]:

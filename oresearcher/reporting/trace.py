@@ -17,10 +17,14 @@ _PER_RANK = len(_TRACKS)
 
 def to_chrome_trace(tl: Timeline, name: str = "oresearcher") -> dict:
     events = [{"ph": "M", "pid": 0, "name": "process_name", "args": {"name": name}}]
-    for r in range(tl.world_size):
+    # tracks for the ranks that recorded spans: a symmetric run (sim/symmetry.py) records
+    # one rank per class, named for its class; past 1,024 ranks no empty track is named
+    names = getattr(tl, "lane_names", {})
+    shown = range(tl.world_size) if tl.world_size <= 1024 and not names else sorted({s.rank for s in tl.spans})
+    for r in shown:
         for cat, k in _TRACKS.items():
             events.append({"ph": "M", "pid": 0, "tid": r * _PER_RANK + k, "name": "thread_name",
-                           "args": {"name": f"rank {r} {cat}"}})
+                           "args": {"name": f"{names.get(r, f'rank {r}')} {cat}"}})
     faults = tl.world_size * _PER_RANK  # faults and checkpoints (sim/faults.py): one track per rank after the rest
     if any(s.cat == "fault" for s in tl.spans):
         events += [{"ph": "M", "pid": 0, "tid": faults + r, "name": "thread_name",

@@ -85,3 +85,15 @@ def test_point_to_point_breaks_symmetry():
     eng = Engine(topo(2), DEVICE, "fp32", "ring")
     with pytest.raises(SymmetryBroken, match="SendRecv"):
         eng.run([_p2p_program(0)], classes=[(0, 1)])
+
+
+def test_symmetric_trace_and_figure_draw_one_lane_per_class(tmp_path, capsys):
+    from oresearcher.errors import cli_main
+    from oresearcher.sim.__main__ import main
+
+    assert cli_main(main, ["scenarios/2x8xA100.yaml", "--set", "training.steps=2", "--out", str(tmp_path)]) == 0
+    assert "engine: one process per class (1 for 16 ranks)" in capsys.readouterr().out
+    trace = json.loads((tmp_path / "trace.json").read_text())
+    names = {e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "thread_name"}
+    assert names == {f"ranks 0-15 (16, one class) {c}" for c in ("compute", "blocked", "comm", "peer_wait")}
+    assert (tmp_path / "timeline.png").stat().st_size > 1000
