@@ -75,6 +75,25 @@ def horizon(tl, max_steps: int) -> tuple[float, float, int]:
     return t0, end if end > t0 else t0 + 1e-9, shown
 
 
+def first_roles(tl) -> dict[int, str]:
+    """rank -> the role it had in its first recorded step (the steps a timeline shows);
+    empty for programs without roles."""
+    from .final import ROLES
+
+    out = {}
+    for rank, history in tl.metrics.items():
+        v = next((m.get("role") for _, _, m in history if m.get("role") is not None), None)
+        if isinstance(v, str) and v:
+            out[rank] = v
+        elif isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < len(ROLES):
+            out[rank] = ROLES[int(v)]
+    return out
+
+
+def lane_label(rank: int, roles: dict[int, str]) -> str:
+    return f"rank {rank} ({roles[rank]})" if rank in roles else f"rank {rank}"
+
+
 def draw_lanes(ax, tl, ranks, t0: float, t1: float) -> None:
     """One lane per rank: compute (thick), comm in flight and blocked (thin, below)."""
     lanes = {"compute": (0.0, 0.4), "comm": (0.45, 0.2), "blocked": (0.7, 0.2)}
@@ -89,9 +108,10 @@ def draw_lanes(ax, tl, ranks, t0: float, t1: float) -> None:
         ax.broken_barh(xs, (row[rank] + y - 0.45, h), color=COLORS[cat])
     ax.set_ylim(len(ranks) - 0.5, -0.55)
     step = max(1, len(ranks) // 16)
+    roles = first_roles(tl)  # explorer / optimizer / validator: who waits on whom reads off the lanes
     names = getattr(tl, "lane_names", {})  # a symmetric run's classes (sim/symmetry.py)
     ax.set_yticks(range(0, len(ranks), step),
-                  [names.get(ranks[i], f"rank {ranks[i]}") for i in range(0, len(ranks), step)])
+                  [names.get(ranks[i]) or lane_label(ranks[i], roles) for i in range(0, len(ranks), step)])
 
 
 def activity_grid(tl, ranks, t0: float, t1: float, bins: int) -> np.ndarray:
@@ -194,20 +214,37 @@ def draw_step_bar(ax, report: dict) -> None:
 
 def collective_rows(report: dict) -> list[tuple[str, float]]:
     """(name, in-flight seconds per step per rank) of every collective that took time."""
+    return [(n, t) for n, t, _ in collective_parts(report)]
+
+
+def collective_parts(report: dict) -> list[tuple[str, float, float]]:
+    """(name, in-flight seconds, of which waiting for slower peers) per step per rank, of
+    every collective that took time. Only the simulator knows when every member arrived
+    (``peer_wait_s``); a real run's rows have no waiting part."""
     steps, ws = max(report.get("steps", 1), 1), max(report.get("world_size", 1), 1)
-    rows = [(r["name"], r["time_s"] / steps / ws) for r in report.get("breakdown", [])]
-    return [(n, t) for n, t in rows if t > 0]
+    rows = [(r["name"], r["time_s"] / steps / ws, min(r.get("peer_wait_s", 0.0), r["time_s"]) / steps / ws)
+            for r in report.get("breakdown", [])]
+    return [(n, t, w) for n, t, w in rows if t > 0]
 
 
 def draw_collectives(ax, report: dict) -> None:
-    rows = collective_rows(report)
+    """One bar per collective: waiting for slower peers (hatched) then the transfer itself."""
+    rows = collective_parts(report)
     if not rows:
         ax.text(0.5, 0.5, "no collectives", ha="center", va="center", transform=ax.transAxes)
         ax.set_axis_off()
         return
-    bars = ax.barh([n for n, _ in rows], [t for _, t in rows], color=COLORS["comm"], height=0.65)
-    ax.bar_label(bars, [si_time(t) for _, t in rows], padding=3, fontsize=8)
-    ax.set_xlim(0, max(t for _, t in rows) * 1.25)
+    names, waits = [n for n, _, _ in rows], [w for _, _, w in rows]
+    if any(waits):
+        ax.barh(names, waits, color="white", edgecolor=COLORS["comm"], hatch="///", height=0.65,
+                label="waiting for peers")
+    bars = ax.barh(names, [t - w for _, t, w in rows], left=waits, color=COLORS["comm"], height=0.65,
+                   label="transfer")
+    ax.bar_label(bars, [si_time(t) + (f" ({si_time(w)} waiting)" if w > 0.005 * t else "") for _, t, w in rows],
+                 padding=3, fontsize=8)
+    if any(waits):
+        ax.legend(fontsize=7, frameon=False, loc="lower right")
+    ax.set_xlim(0, max(t for _, t, _ in rows) * (1.9 if any(waits) else 1.25))
     ax.set_ylim(max(len(rows), 2) - 0.5, -0.5)
     ax.xaxis.set_major_locator(MaxNLocator(5))
     time_axis(ax.xaxis)
