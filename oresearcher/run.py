@@ -34,7 +34,7 @@ import yaml
 from .reporting.console import print_report
 from .errors import UserError
 from . import resume, role_mix
-from .scenario import load_raw, load_scenario, output_dir, overridden, strategy_alias_error
+from .scenario import check_resize, load_raw, load_scenario, output_dir, overridden, strategy_alias_error
 from .scenario_files import find_scenario
 from .tasks import batch_note
 
@@ -212,7 +212,9 @@ def load(args):
         check_flags_used(args, scenario)
         return scenario, out, diffs
     path, labels = str(find_scenario(args.scenario or DEFAULT_SCENARIO)), {}
-    scenario = load_scenario(path, scenario_overrides(args, load_raw(path), labels), labels)
+    overrides = scenario_overrides(args, load_raw(path), labels)
+    scenario = load_scenario(path, overrides, labels)
+    check_resize(scenario, overrides, labels)
     check_flags_used(args, scenario)
     if path != args.scenario:  # the default, or a shipped one: say which
         log.info("scenario file: %s", path)
@@ -231,7 +233,9 @@ def _load_resume(args):
         raise UserError(f"--resume {args.resume}: no {SAVED_SCENARIO}; not a run directory")
     saved = load_scenario(saved_path)
     path, labels = args.scenario or saved_path, {}
-    scenario = load_scenario(path, scenario_overrides(args, load_raw(path), labels), labels)
+    overrides = scenario_overrides(args, load_raw(path), labels)
+    scenario = load_scenario(path, overrides, labels)
+    check_resize(scenario, overrides, labels)
     diffs = resume.changes(saved.resolved(), scenario.resolved())
     # fsdp keeps model and optimizer in DCP, which reshards them to another number of ranks
     # or another layout: the same training state, sharded differently

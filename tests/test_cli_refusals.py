@@ -415,3 +415,15 @@ def test_collective_names_are_spelled_one_way():
     assert set(OPS) == set(KINDS)
     for name, kind in KINDS.items():
         assert name == re.sub(r"(?<!^)([A-Z])", r"_\1", kind).lower()
+
+
+def test_run_refuses_a_resized_cluster_and_code_may_place_agents(tmp_path, cli):
+    """The command line refuses --set cluster.gpus_per_node without agents.count; code that
+    builds a scenario (a benchmark placing 4 agents on an 8-GPU node) is not second-guessed."""
+    from oresearcher.scenario import load_scenario
+
+    code, _, err = cli(run_main, ["--scenario", scenario(tmp_path), "--out", str(tmp_path / "o"),
+                                  "--set", "cluster.gpus_per_node=8"])
+    one_line(code, err, "--set cluster.gpus_per_node=8: the cluster has 8 GPUs but agents.count stays 2")
+    sc = load_scenario("scenarios/digits-4.yaml", ["cluster.gpus_per_node=8"])
+    assert (sc.cluster.world_size, sc.agents.count) == (8, 4)
