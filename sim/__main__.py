@@ -99,6 +99,11 @@ def cmd_simulate(args) -> int:
     writable_dir(out)  # a file in the way, a read-only disk: one line, not a traceback
     print_report(report, f"{scenario.name}: {scenario.training.strategy}, {report['world_size']} ranks, "
                          f"{report['mode']} mode, {report['steps']} steps")
+    eng = report.get("engine")
+    if eng:  # how the run was computed (sim/symmetry.py); the figures are the same either way
+        how = (f"one process per class ({eng['processes']:,} for {report['world_size']:,} ranks)"
+               if eng["symmetry"] == "classes" else f"one process per rank ({eng['processes']:,})")
+        console.print(f"engine: {how}: {eng['why']}", style="dim", highlight=False)
     if report.get("faults"):
         from .faults import faults_table
 
