@@ -75,8 +75,8 @@ def sweep_table(field: str, values: list, reports: list[dict]) -> Table:
         steps = "" if not to else ("never" if to["steps"] is None else f"{to['steps']:,}")
         t.add_row(str(v), f"{r['step_time_s'] * 1e3:,.1f}", eff, steps, hours(to.get("time_s")) if to else "",
                   f"{c['final']['loss']:.3f}")
-    t.caption = ("efficiency: effective-token multiplier measured on the proxy [seeds' range]; steps, time: to "
-                 "the target; final L: loss after training.steps")
+    t.caption = ("efficiency: effective-token multiplier measured on the proxy, the range over seeds "
+                 "bracketed; steps, time: to the target; final L: loss after training.steps")
     return t
 
 
@@ -104,7 +104,11 @@ def figure(curves: list[tuple[str, dict]], path, title: str) -> bool:
     ax.set_xlabel("simulated wall-clock time (hours)")
     ax.set_ylabel("predicted loss (nats per token)")
     lo = min(p["loss_low"] for _, c in drawable for p in c["curve"])
-    ax.set_ylim(lo - 0.1, max(lo + 2.0, (target or lo) + 1.0))
+    top = max(lo + 2.0, (target or lo) + 1.0)
+    ax.set_ylim(lo - 0.1, top)
+    seen = [p["time_s"] / 3600 for _, c in drawable for p in c["curve"] if p["loss_low"] <= top and p["time_s"] > 0]
+    if seen:  # from where the first curve comes into view (the first steps' loss is off the chart)
+        ax.set_xlim(left=min(seen) / 1.5)
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
     ax.set_title(title, fontsize=10)
