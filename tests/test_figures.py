@@ -171,3 +171,17 @@ def test_per_collective_panel_separates_waiting_from_transfer():
     texts = [t.get_text() for t in ax.texts]
     assert "424 ms (412 ms waiting)" in texts and "10.0 ms" in texts
     plt.close(fig)
+
+
+def test_timeline_caption_names_the_collectives_of_a_later_phase():
+    """Three steps of gradient sharing, then a fusion round (param_gather) after step 3:
+    the first steps do not show it, and the caption says so."""
+    tl = toy_timeline(n=2, steps=4)
+    end = tl.step_ends[0][-1]
+    for r in range(2):
+        tl.record(r, "comm", "param_gather", end, end + 1e-5, wire_bytes=10)
+    fig, ax = plt.subplots()
+    title = figures.draw_timeline(ax, tl, max_steps=3)
+    assert title == "first 3 steps, per rank; later, not shown: param_gather"
+    assert figures.draw_timeline(ax, toy_timeline(n=2)) == "first 3 steps, per rank"  # nothing later
+    plt.close(fig)

@@ -175,7 +175,20 @@ def draw_timeline(ax, tl, max_steps: int = 3, max_lanes: int = MAX_LANES) -> str
     ax.set_xlim(0, t1 - t0)
     time_axis(ax.xaxis)
     ax.set_xlabel("time since the first op (dotted: rank 0's step ends)")
-    return f"first {shown} step{'s' if shown != 1 else ''}, {kind}"
+    later = later_collectives(tl, t1)
+    return (f"first {shown} step{'s' if shown != 1 else ''}, {kind}"
+            + (f"; later, not shown: {', '.join(later[:3])}{' ...' if len(later) > 3 else ''}" if later else ""))
+
+
+def later_collectives(tl, t1: float) -> list[str]:
+    """Collectives the run made only after ``t1``: a round's second phase (a fusion every
+    communication.interval steps, a distillation after training) that the first steps do
+    not show, so the caption can say the timeline shows the first phase only."""
+    early, late = set(), set()
+    for s in tl.spans:
+        if s.cat == "comm":
+            (early if s.start <= t1 else late).add(s.name)
+    return sorted(late - early)
 
 
 def timeline_png(tl, path: Path, max_steps: int = 3, title: str = "") -> None:
