@@ -189,6 +189,10 @@ def main(argv=None) -> int:
     print_table(rows, f"{name}: {pred.get('backend', '?')} prediction vs {meas.get('backend', '?')} "
                       f"measurement, {meas.get('world_size', '?')} ranks")
     print("\n".join(profile_lines(pred, meas)))
+    if pred.get("convergence"):  # the predicted loss curve (oresearcher.sim's --target-loss) beside the run's
+        from .reporting.convergence_view import beside_lines
+
+        print("\n".join(beside_lines(pred["convergence"], meas.get("metrics"))))
     if args.max_error is not None and worst_headline(rows) > args.max_error:
         print(f"error: a headline figure is off by {worst_headline(rows):.1%} (> {args.max_error:.0%})", file=sys.stderr)
         return 1

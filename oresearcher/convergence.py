@@ -145,6 +145,18 @@ class Efficiency:
         return cls(median(per_seed), min(per_seed), max(per_seed), tuple(per_seed))
 
 
+def mean_curve(metrics: dict) -> list[float]:
+    """Mean training loss over the agents at each step of a report's ``metrics`` (rank ->
+    rows with ``step`` and ``loss``); steps an agent sat out, or with no finite loss, skipped."""
+    by_step: dict[int, list[float]] = {}
+    for rows in metrics.values():
+        for row in rows:
+            v = row.get("loss")
+            if v is not None and math.isfinite(v):
+                by_step.setdefault(row["step"], []).append(v)
+    return [sum(v) / len(v) for _, v in sorted(by_step.items())]
+
+
 def fit_data_term(tokens: Sequence[float], losses: Sequence[float]) -> tuple[float, float, float]:
     """(c, B, beta) of L(D) = c + B / D^beta fitted to a measured curve: least squares of
     ln(L - c) on ln D for each c on a grid below the curve's minimum, the c with the

@@ -65,17 +65,6 @@ def cache_key(data: dict) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
-def mean_curve(metrics: dict) -> list[float]:
-    """Mean training loss over the agents at each step (steps an agent sat out skipped)."""
-    by_step: dict[int, list[float]] = {}
-    for rows in metrics.values():
-        for row in rows:
-            v = row.get("loss")
-            if v is not None and math.isfinite(v):
-                by_step.setdefault(row["step"], []).append(v)
-    return [sum(v) / len(v) for _, v in sorted(by_step.items())]
-
-
 def run_proxy(scenario: Scenario, data: dict, log=None) -> list[float]:
     """The proxy's mean loss per step, the first ``training.steps`` of them: from the cache,
     or run in numeric mode and cached. (The cooperative program's allocation can hand an
@@ -92,7 +81,7 @@ def run_proxy(scenario: Scenario, data: dict, log=None) -> list[float]:
 
     t0 = time.monotonic()
     report, _ = simulate(proxy_scenario(data, scenario), mode="numeric")
-    curve = mean_curve(report["metrics"])
+    curve = cv.mean_curve(report["metrics"])
     if log:
         log(f"convergence proxy: {data['training']['strategy']} seed {data['seed']}, {len(curve)} steps of "
             f"{data['workload']['model']} in {time.monotonic() - t0:.0f} s (cached in {root})")

@@ -94,3 +94,26 @@ def test_scenario_section_is_typed_and_optional(tmp_path):
         load_scenario("scenarios/8xA100.yaml", ["convergence.law.beta=-1"])
     with pytest.raises(UserError, match="convergence.speed"):
         load_scenario("scenarios/8xA100.yaml", ["convergence.speed=2"])
+
+
+def test_compare_puts_a_run_beside_the_prediction(tmp_path, capsys):
+    from oresearcher.compare import main as compare_main
+    import json
+
+    law = ScalingLaw(0.9, 0.0, 40.0, 1.0, 0.45)
+    section = {"law": {"E": 0.9, "A": 0.0, "B": 40.0, "alpha": 1.0, "beta": 0.45, "source": "a fit"},
+               "n_params": 1e6, "tokens_per_step": 256,
+               "efficiency": {"multiplier": 1.0, "low": 0.8, "high": 1.25, "measured": True}}
+    # a run that follows the law exactly: every row's error is about zero (smoothing only)
+    metrics = {str(r): [{"step": i, "loss": loss(law, 1e6, (i + 1) * 256)} for i in range(200)] for r in range(2)}
+    figures = {k: 1.0 for k in ("step_time_s", "compute_time_s", "comm_time_s", "exposed_comm_time_s",
+                                "comm_overhead", "wire_bytes_per_step")}
+    pred = {**figures, "backend": "sim", "scenario": {"name": "x"}, "convergence": section}
+    meas = {**figures, "backend": "gloo", "scenario": {"name": "x"}, "metrics": metrics}
+    for name, rep in (("pred.json", pred), ("meas.json", meas)):
+        (tmp_path / name).write_text(json.dumps(rep))
+    assert compare_main([str(tmp_path / "pred.json"), str(tmp_path / "meas.json")]) == 0
+    rows = [ln for ln in capsys.readouterr().out.splitlines() if ln.strip().startswith("step ")]
+    assert len(rows) == 5 and rows[-1].split()[1] == "200:"
+    errors = [float(ln.rsplit("(", 1)[1].rstrip("%)")) for ln in rows]
+    assert all(abs(e) < 1.0 for e in errors), rows

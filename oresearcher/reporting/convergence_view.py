@@ -52,6 +52,27 @@ def lines(c: dict) -> list[str]:
     return out
 
 
+def beside_lines(c: dict, metrics: dict | None) -> list[str]:
+    """A real run's loss curve (its report's ``metrics``: mean over agents, smoothed) beside
+    the prediction at a few of its steps: what ``oresearcher.compare`` prints."""
+    from oresearcher import convergence as cv
+
+    if "unavailable" in c:
+        return [f"loss: {c['unavailable']}"]
+    curve = cv.mean_curve(metrics or {})
+    if not curve:
+        return ["loss: the measured run recorded no training loss"]
+    law = cv.ScalingLaw(**{k: c["law"][k] for k in ("E", "A", "B", "alpha", "beta")})
+    e, smooth = c["efficiency"], cv.smooth(curve, max(5, len(curve) // 30))
+    out = [f"loss beside the prediction ({c['law']['source']}; efficiency {e['multiplier']:.2f}; "
+           "measured: mean over agents, smoothed)"]
+    for s in sorted({max(1, round(len(curve) * f)) for f in (0.1, 0.25, 0.5, 0.75, 1.0)}):
+        p = [cv.loss(law, c["n_params"], s * c["tokens_per_step"], m) for m in (e["multiplier"], e["high"], e["low"])]
+        out.append(f"  step {s:>8,}: predicted {p[0]:.3f} [{p[1]:.3f}-{p[2]:.3f}], measured {smooth[s - 1]:.3f} "
+                   f"({p[0] / smooth[s - 1] - 1:+.1%})")
+    return out
+
+
 def _rank_key(c: dict):
     t = (c or {}).get("to_target") or {}
     return (t.get("time_s") is None, t.get("time_s") or 0.0)
