@@ -2,6 +2,7 @@
 
     python benchmarks/bench_cooperation.py                 # full: 4 tasks, 5 seeds, lr x0.1/x1/x10
     python benchmarks/bench_cooperation.py --quick         # CI-sized smoke (2 seeds, a few steps)
+    python benchmarks/bench_cooperation.py --designed      # each scenario at its own steps and interval
     python benchmarks/bench_cooperation.py --tasks digits --seeds 5 --json out.json
 
 Methods, all in the simulator's numeric mode (the same math as the real backends):
@@ -76,11 +77,23 @@ TASKS = {
 LR_MULTS = (0.1, 1.0, 10.0)
 
 
+def size_of(task: str, size: str) -> tuple[int, int, int]:
+    """(steps, communication.interval, distill.steps or 0) of ``size``: quick, full, or
+    designed (the scenario file's own steps and interval, distillation at its default)."""
+    from oresearcher.scenario import load_scenario
+
+    file, _, extra, sizes = TASKS[task]
+    if size != "designed":
+        return sizes[size]
+    sc = load_scenario(ROOT / "scenarios" / file, extra)
+    return sc.training.steps, sc.communication.interval, 0
+
+
 def scenario(task: str, method: str, seed: int, lr_mult: float, size: str, steps: int | None = None):
     from oresearcher.scenario import load_scenario
 
     file, _, extra, sizes = TASKS[task]
-    n, interval, distill = sizes[size]
+    n, interval, distill = size_of(task, size)
     agents = load_scenario(ROOT / "scenarios" / file, extra).agents.count  # kept on the A100 clock's 8 GPUs
     sets = [*A100, f"agents.count={agents}", *extra, f"seed={seed}", f"communication.interval={interval}",
             f"training.local_steps={interval}", f"training.eval_every={interval}"]
@@ -127,10 +140,10 @@ def flops_at(steps: int, interval: int, per_step: float, per_round: float) -> fl
 
 def equal_compute_steps(task: str, method: str, seed: int, size: str, target: float) -> int:
     """Steps that give ``method`` ``target`` FLOPs, from runs of one and two rounds."""
-    interval = TASKS[task][3][size][1]
+    interval = size_of(task, size)[1]
     one, two = (run_one(task, method, seed, 1.0, size, steps=k * interval)["flops"] for k in (1, 2))
     per_step, per_round = one / interval, two - 2 * one
-    return min(range(1, 100 * TASKS[task][3][size][0]),
+    return min(range(1, 100 * size_of(task, size)[0]),
                key=lambda k: (abs(flops_at(k, interval, per_step, per_round) - target), k))
 
 
@@ -286,13 +299,15 @@ def main(argv=None) -> int:
                    help="seeds first-seed.. (the scenarios' settings were picked on seeds 0-2: keep them out)")
     p.add_argument("--methods", default=",".join(METHODS))
     p.add_argument("--quick", action="store_true", help="CI-sized smoke: a few steps, 2 seeds")
+    p.add_argument("--designed", action="store_true", help="each task at its scenario file's own steps and "
+                   "interval (distillation at its default steps) instead of the full size")
     p.add_argument("--plots", default=str(ROOT / "docs" / "img"), help="directory of coop-<task>.png ('' : none)")
     p.add_argument("--json", help="write all raw results here")
     p.add_argument("--jobs", type=int, default=1, help="processes running the seeds of a cell side by side")
     args = p.parse_args(argv)
     import logging
     logging.basicConfig(level=logging.ERROR)
-    size = "quick" if args.quick else "full"
+    size = "quick" if args.quick else "designed" if args.designed else "full"
     seeds = list(range(args.first_seed, args.first_seed + (args.seeds or (2 if args.quick else 5))))
     tasks, methods = args.tasks.split(","), args.methods.split(",")
     bad = [t for t in tasks if t not in TASKS] + [m for m in methods if m not in METHODS]

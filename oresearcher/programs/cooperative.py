@@ -350,15 +350,18 @@ def _decide(ctx, st, pub, rel, rew, ids) -> dict:
     sc, cfg, rank, n = ctx.scenario, ctx.scenario.cooperation, ctx.rank, ctx.world_size
     info, source, pairs = {}, rank, []
     if cfg.roles.policy == "dynamic":
-        pairs = R.exploit_pairs(rew, pub.excluded, ids, cfg.roles.exploit_fraction)
+        # truncation selection ranks by the validators' held-out metric, as PBT ranks by
+        # validation performance (Jaderberg et al. 2017): the reward's novelty term would
+        # rank an agent that is merely different above one that is good
+        pairs = R.exploit_pairs(rel, pub.excluded, ids, cfg.roles.exploit_fraction)
         for loser, winner in pairs:  # truncation selection: weights, optimizer state, multipliers
             st.lr_mult[loser], st.knob_mult[loser] = st.lr_mult[winner], st.knob_mult[winner]
             if loser == rank:
                 source = winner
                 info["exploit_from"] = float(winner)
-                log.info("agent %d: PBT exploit, copies agent %d (reward %.3f < %.3f)",
-                         rank, winner, float(rew[loser]) if math.isfinite(float(rew[loser])) else float("nan"),
-                         float(rew[winner]))
+                log.info("agent %d: PBT exploit, copies agent %d (held-out metric %.3f < %.3f)",
+                         rank, winner, float(rel[loser]) if math.isfinite(float(rel[loser])) else float("nan"),
+                         float(rel[winner]))
         hard, plateau, spread = R.difficulty(st.val_losses, rel, pub.excluded, cfg.roles.plateau_rounds,
                                              cfg.roles.plateau_tol)
         reason = f"round {st.round}: difficulty {hard:.2f} (plateau {plateau:.2f}, spread {spread:.2f})"
