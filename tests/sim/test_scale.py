@@ -60,9 +60,29 @@ def test_symmetric_runs_match_exact_runs(sets):
     assert _bytes(fast) == _bytes(exact)
 
 
-def test_numeric_mode_and_jitter_run_every_rank():
+def test_numeric_mode_runs_every_rank():
     r, _ = simulate(load_scenario(ROOT / "scenarios/cpu-tiny.yaml", ["training.steps=1", "simulation.mode=numeric"]))
     assert r["engine"]["symmetry"] == "per-rank" and "numeric" in r["engine"]["why"]
+
+
+@pytest.mark.parametrize("sets,mode,jitter,faults,needle", [
+    ([], "shape", 0.0, None, None),
+    ([], "numeric", 0.0, None, "numeric"),
+    (["training.strategy=fsdp"], "shape", 0.0, None, "fsdp"),
+    (["training.strategy=oresearcher"], "shape", 0.0, None, "oresearcher"),
+    (["communication.codec=int8"], "shape", 0.0, None, "codec"),
+    ([], "shape", 0.05, None, "jitter"),
+    ([], "shape", 0.0, object(), "faults"),
+])
+def test_what_tells_ranks_apart(sets, mode, jitter, faults, needle):
+    from types import SimpleNamespace
+
+    sc = load_scenario(ROOT / "scenarios/2x8xA100.yaml", ["training.steps=1", *sets])
+    classes, why = symmetry_classes(sc, mode, SimpleNamespace(compute_jitter_cv=jitter), faults)
+    if needle is None:
+        assert classes == [tuple(range(16))]
+    else:
+        assert classes is None and needle in why
 
 
 def _subgroup_program(rank):
