@@ -55,7 +55,7 @@ CHINCHILLA = ScalingLaw(
     B=410.7,  # data coefficient: "B = 410.7" (same place)
     alpha=0.34,  # model-size exponent: "alpha = 0.34" (same place)
     beta=0.28,  # data exponent: "beta = 0.28" (same place)
-    source="Hoffmann et al. 2022 (arXiv 2203.15556), Approach 3",
+    source="Hoffmann et al. 2022, arXiv 2203.15556, Approach 3",
 )
 
 

@@ -25,30 +25,29 @@ def efficiency_text(c: dict) -> str:
     if not e["measured"]:
         return "1 (synchronous data parallel: the law's own regime)"
     p = e["proxy"]
-    return (f"{e['multiplier']:.2f}x effective tokens [{e['low']:.2f}-{e['high']:.2f}] over {p['seeds']} "
-            f"proxy seed{'s' if p['seeds'] > 1 else ''} ({p['model']}, {p['steps']} steps)")
+    return (f"{e['multiplier']:.2f}x tokens [{e['low']:.2f}-{e['high']:.2f}], {p['seeds']} seed"
+            f"{'s' if p['seeds'] > 1 else ''} of {p['model']} x {p['steps']} steps")
 
 
 def lines(c: dict) -> list[str]:
-    """What the console prints about one run's convergence section."""
+    """What the console prints about one run's convergence section (80 columns)."""
     law = c["law"]
-    head = (f"convergence: L(N, D) = {law['E']:g} + {law['A']:g}/N^{law['alpha']:g} + {law['B']:g}/D^{law['beta']:g} "
-            f"({law['source']})")
+    out = [f"convergence, base run: {law['source']}"]
+    formula = f"L(N, D) = {law['E']:g} + {law['A']:g}/N^{law['alpha']:g} + {law['B']:g}/D^{law['beta']:g}"
     if "unavailable" in c:
-        return [head, f"  {c['unavailable']}"]
+        return out + [f"  {c['unavailable']}"]
     f = c["final"]
-    out = [head,
-           f"  N = {c['n_params']:,} parameters, {c['tokens_per_step']:,} tokens per step; floor {c['floor_loss']:.3f}",
-           f"  efficiency: {efficiency_text(c)}",
-           f"  final loss after {c['budget_steps']:,} steps ({f['tokens']:.3g} tokens, {hours(f['time_s'])}): "
-           f"{f['loss']:.3f} [{f['loss_low']:.3f}-{f['loss_high']:.3f}]"]
+    out += [f"  {formula}; N = {c['n_params']:.3g}, floor {c['floor_loss']:.3f}",
+            f"  efficiency {efficiency_text(c)}",
+            f"  after {c['budget_steps']:,} steps ({f['tokens']:.3g} tokens, {hours(f['time_s'])}): loss "
+            f"{f['loss']:.3f} [{f['loss_low']:.3f}-{f['loss_high']:.3f}]"]
     t = c.get("to_target")
     if t is not None:
         if t["steps"] is None:
             out.append(f"  time to loss {c['target_loss']:g}: {t['why']}")
         else:
             out.append(f"  time to loss {c['target_loss']:g}: {hours(t['time_s'])} [{hours(t['time_s_low'])}-"
-                       f"{hours(t['time_s_high'])}], {t['steps']:,} steps at {c['step_time_s'] * 1e3:,.1f} ms")
+                       f"{hours(t['time_s_high'])}], {t['steps']:,} steps of {c['step_time_s'] * 1e3:,.1f} ms")
     return out
 
 
