@@ -75,6 +75,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 import alloc_ops  # noqa: E402
+from bench_sim_to_real import spread  # noqa: E402  ((max - min) / median of repeated runs)
 from oresearcher.programs.cooperative_hosted import device_time_vs_shares  # noqa: E402
 from oresearcher.errors import UserError  # noqa: E402
 from oresearcher.scenario import load_scenario  # noqa: E402
@@ -215,7 +216,8 @@ def main(argv=None) -> int:
               f"{(r['pred'] - r['meas']) / r['meas']:+.1%}")
     pr, me = med("pred"), med("meas")
     print(f"round time (median of {len(reps)}): predicted {pr * 1e3:.1f} ms, measured {me * 1e3:.1f} ms, "
-          f"error {(pr - me) / me:+.1%}")
+          f"error {(pr - me) / me:+.1%}; run spread {spread([r['meas'] for r in reps]):.0%} "
+          "((max - min) / median of the real runs: an error inside it is the host's own noise)")
     rows = list(reps[0]["pred_ops"])
     alloc_ops.print_table({k: statistics.median(r["pred_ops"][k] for r in reps) for k in rows},
                           {k: statistics.median(r["meas_ops"][k] for r in reps) for k in rows})
