@@ -40,7 +40,7 @@ from oresearcher.programs.learner import DTYPES, TorchLearner
 from oresearcher.sharding import scenario_plan
 from oresearcher.tasks.synthetic_lm import TokenStream, micro_batch
 
-from . import dcp, fsdp_guard
+from . import dcp, fsdp_comm, fsdp_guard
 
 
 def device_mesh(scenario, world_size: int, device: torch.device):
@@ -135,6 +135,7 @@ def make_learner(scenario, rank: int, world_size: int, device) -> FSDPLearner:
                           bucket_bytes=scenario.communication.bucket_bytes)
     learner.dtype = DTYPES[w.dtype]  # what it computes in: FSDP's policy casts, so the worker adds no autocast
     learner.reduce_check = fsdp_guard.install(model)  # non-finite gradients stop before they are shared
+    fsdp_comm.install(model, learner.reduce_check)  # FSDP2's collectives in the report (blocking ones: CPU)
     if scenario.fsdp.replicas == "fusion":
         learner.agent, learner.agent_group = rank // scenario.fsdp.group_size(world_size), mesh.get_group()
     return learner

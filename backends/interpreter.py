@@ -8,7 +8,9 @@ are limited to floating-point summation order (gloo reduces in ring order).
 Timing (what the report's figures are made of, see :mod:`oresearcher.reporting.report`):
 
 - Compute: a "compute" span around ``fn``; on CUDA the compute stream is synchronised
-  before the span closes so the span holds the kernels, not just their launch.
+  before the span closes so the span holds the kernels, not just their launch. The
+  blocking collectives ``fn`` issued itself (FSDP2's, :mod:`oresearcher.backends.fsdp_comm`)
+  are cut out of it as "comm" and "blocked" spans when ``inner_collectives`` is on.
 - Collective: a "comm" span from issue to completion, carrying the wire bytes the
   algorithm moves. Completion is read from ``is_completed()`` at every op boundary and
   at the Wait, so for async work it is an upper bound by at most the op that ran while
@@ -99,16 +101,21 @@ class Interpreter:
     and number of its Compute ops.
     step_offset: added to StepDone steps (a resumed run continues the numbering).
     autocast: a context-manager factory wrapped around Compute (mixed precision), or None.
+    inner_collectives: split the collectives a Compute issued itself (FSDP2's, recorded by
+    :mod:`oresearcher.backends.fsdp_comm`) out of its compute span as communication; off,
+    a Compute is timed whole (calibration measures whole ops).
     """
 
     def __init__(self, rank: int, world_size: int, *, device: torch.device, timeline: Timeline,
                  clock: Callable[[], float], backend: str = "gloo",
                  on_step: Optional[Callable] = None, step_offset: int = 0,
-                 autocast: Optional[Callable] = None, record_functions: bool = False):
+                 autocast: Optional[Callable] = None, record_functions: bool = False,
+                 inner_collectives: bool = False):
         self.rank, self.world_size, self.device = rank, world_size, torch.device(device)
         self.tl, self.clock, self.backend = timeline, clock, backend
         self.on_step, self.step_offset, self.autocast = on_step, step_offset, autocast
         self.record_functions = record_functions
+        self.inner_collectives = inner_collectives  # a run's report: FSDP2's own collectives split out
         self.groups = Groups(world_size)
         self.inflight: list[InFlight] = []
         self._native_avg = backend == "nccl"
@@ -184,11 +191,37 @@ class Interpreter:
                 value = op.fn(*op.args, **op.kwargs)
             self._sync_device()
         t1 = self.clock()
-        self.tl.add(Span(self.rank, "compute", op.name, t0, t1))
-        self._acc["compute"] += t1 - t0
+        blocked = self._compute_spans(op.name, t0, t1)
+        self._acc["compute"] += t1 - t0 - blocked
         self._acc["flops"] += op.flops
         self._acc["ops"] += 1
         return value
+
+    def _compute_spans(self, name: str, t0: float, t1: float) -> float:
+        """The Compute's spans: compute, except where a collective issued from inside it
+        (FSDP2's own, :mod:`oresearcher.backends.fsdp_comm`) held the rank, which is
+        communication in flight and blocked. Returns the blocked seconds."""
+        from . import fsdp_comm
+
+        inner = fsdp_comm.drain()  # drained either way: the log never outlives the op
+        if not inner or not self.inner_collectives:  # calibration times whole Compute ops
+            self.tl.add(Span(self.rank, "compute", name, t0, t1))
+            return 0.0
+        shift = self.clock() - time.perf_counter()  # the log's perf_counter seconds on this clock
+        cursor, blocked = t0, 0.0
+        for cname, a, b, wire in sorted(inner, key=lambda c: c[1]):
+            a = min(max(a + shift, cursor), t1)
+            b = min(max(b + shift, a), t1)
+            if a > cursor:
+                self.tl.add(Span(self.rank, "compute", name, cursor, a))
+            self.tl.add(Span(self.rank, "comm", cname, a, b, wire_bytes=wire))
+            self._acc["wire"] += wire
+            self._blocked(cname, a, b)
+            blocked += b - a
+            cursor = b
+        if t1 > cursor:
+            self.tl.add(Span(self.rank, "compute", name, cursor, t1))
+        return blocked
 
     # ---- collectives -----------------------------------------------------------------
     def _tensor(self, t: torch.Tensor) -> torch.Tensor:

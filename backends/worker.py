@@ -321,7 +321,7 @@ def _train(scenario, opts: RunOptions, rank, world, device, store, prefix, monit
     ctx.clock = clock  # programs that time themselves (communication.budget) read the same clock
     interp = Interpreter(rank, world, device=device, timeline=tl, clock=clock, backend=opts.backend,
                          on_step=on_step, autocast=_autocast(scenario, learner, device),
-                         record_functions=opts.profile)
+                         record_functions=opts.profile, inner_collectives=True)
     wall0 = time.perf_counter()
     if prof is not None:
         prof.start()

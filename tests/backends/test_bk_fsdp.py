@@ -97,12 +97,33 @@ def _assert_losses_match(out, world):
     return rep
 
 
+def _assert_fsdp_collectives_reported(out, scenario_path):
+    """FSDP2's own collectives are in the report (backends/fsdp_comm.py): per step and rank
+    gpt-tiny's 4 blocks and root are gathered for forward and blocks 0-2 again for backward
+    (ZeRO-3; the last block keeps its parameters), and each of the 5 units reduce-scatters
+    once; the all-gathers' wire bytes are the simulator's, by the one formula."""
+    from oresearcher.scenario import load_scenario
+    from oresearcher.sim.simulate import simulate
+
+    rep = json.loads((out / "report.json").read_text())
+    per = rep["steps"] * rep["world_size"]
+    calls = {b["name"]: b["count"] / per for b in rep["breakdown"]}
+    assert calls == {"fsdp_all_gather": 8, "fsdp_reduce_scatter": 5}, calls
+    assert 0 < rep["exposed_comm_time_s"] <= rep["comm_time_s"] + 1e-9 and rep["comm_overhead"] > 0
+    assert rep["compute_time_s"] + rep["exposed_comm_time_s"] <= rep["step_time_s"] * 1.01
+    predicted, _ = simulate(load_scenario(scenario_path, ["training.steps=2"]))
+    wire = {b["name"]: b["wire_bytes"] / (b["count"]) for b in rep["breakdown"]}
+    sim_wire = {b["name"]: b["wire_bytes"] / b["count"] for b in predicted["breakdown"]}
+    assert wire["fsdp_all_gather"] == pytest.approx(sim_wire["fsdp_all_gather"])
+
+
 def test_two_ranks_match_one_process_and_resume_exactly(tmp_path, child_env):
     sc = _scenario(tmp_path / "s.yaml", 2)
     full, cut = tmp_path / "full", tmp_path / "cut"
     _run(["--scenario", str(sc), "--out", str(full)], child_env)
     _assert_losses_match(full, 2)
     assert ckpt.steps_held(full, 0) == [9, 19] and (ckpt.step_dir(full, 9) / "dcp" / ".metadata").is_file()
+    _assert_fsdp_collectives_reported(full, sc)
 
     shutil.copytree(full, cut)
     shutil.rmtree(ckpt.step_dir(cut, 19))
