@@ -232,7 +232,8 @@ def test_cooperation_fields_are_documented():
 
 def test_reward_shapes_the_digits_loss_and_peer_passes_are_charged():
     ops_on, ops_off = [], []
-    on, l_on = _run(_scenario("training.steps=12", "cooperation.roles.optimizer_method=swa"), wrap=_recorder(ops_on))
+    on, l_on = _run(_scenario("training.steps=12", "cooperation.roles.optimizer_method=swa",
+                              "cooperation.rewards.peer_term=diversity"), wrap=_recorder(ops_on))
     off, l_off = _run(_scenario("training.steps=12", "cooperation.roles.optimizer_method=swa",
                                 "cooperation.rewards.shape_loss=false"), wrap=_recorder(ops_off))
     base = l_off[0].base_fwd_flops + l_off[0].bwd_flops
@@ -255,12 +256,12 @@ def test_one_agent_trains_as_without_shaping():
     assert runs[0][1][0].peers == []
 
 
-def test_no_peer_term_runs_no_peer_forwards_and_agreement_is_the_default():
+def test_no_peer_term_is_the_default_and_runs_no_peer_forwards():
     ops = []
-    _, learners = _run(_scenario("training.steps=12", "cooperation.roles.optimizer_method=swa",
-                                 "cooperation.rewards.peer_term=none"), wrap=_recorder(ops))
+    _, learners = _run(_scenario("training.steps=12", "cooperation.roles.optimizer_method=swa"), wrap=_recorder(ops))
     base = learners[0].base_fwd_flops + learners[0].bwd_flops
     assert {f for _, _, name, f in ops if name == "fwd_bwd"} == {base}
-    assert all(l.peers == [] for l in learners)
-    _, shaped = _run(_scenario("training.steps=12", "cooperation.roles.optimizer_method=swa"))
-    assert {(l.peer_term, l.agreement > 0) for l in shaped} == {("agreement", True)}
+    assert all(l.peers == [] and l.peer_term == "none" for l in learners)
+    _, shaped = _run(_scenario("training.steps=12", "cooperation.roles.optimizer_method=swa",
+                               "cooperation.rewards.peer_term=agreement"))
+    assert {(l.peer_term, l.agreement > 0, len(l.peers)) for l in shaped} == {("agreement", True, 3)}

@@ -68,9 +68,10 @@ class RewardSpec(Strict):
                              "loss (the peer term below, soft safety rule); RL tasks always optimise the "
                              "shaped return")
     peer_term: Literal["agreement", "diversity", "none"] = Field(
-        "agreement", description="supervised tasks' peer term of the shaped loss. agreement: KL(peers' mean "
+        "none", description="supervised tasks' peer term of the shaped loss. agreement: KL(peers' mean "
         "prediction || own), co-distillation toward the peers' stale ensemble; diversity: minus the novelty "
-        "weight x TV to the peers' mean (pushes agents apart); none: no peer term, no peer forwards")
+        "weight x TV to the peers' mean (pushes agents apart); none (default: at equal compute the peers' "
+        "forwards buy more as training steps, docs/cooperation.md): no peer term, no peer forwards")
     agreement_weight: Float = Field(0.5, ge=0, le=100, description="weight of the agreement term at the end "
                                     "of training; it ramps up from 0 along the schedule (ratio to the "
                                     "cross-entropy's unit weight)")
