@@ -4,6 +4,7 @@
     python -m oresearcher.sim scenarios/8xA100.yaml --out runs/8xA100 --set training.steps=50
     python -m oresearcher.sim scenarios/8xA100.yaml --sweep communication.bucket_size_MB=5,25,100
     python -m oresearcher.sim scenarios/8xA100.yaml --sweep communication.bucket_size_MB=5,25,100 --jobs 2
+    python -m oresearcher.sim scenarios/8xA100.yaml --sweep communication.bucket_size_MB=5,25,100 --sweep-backend ray
     python -m oresearcher.sim scenarios/8xA100.yaml --target-loss 2.6 --sweep training.strategy=ddp,diloco,oresearcher
     python -m oresearcher.sim scenarios/8xA100.yaml --collective-bench all_reduce
     python -m oresearcher.sim scenarios/8xA100.yaml --collective-bench all_reduce \
@@ -136,11 +137,16 @@ def cmd_sweep(args) -> int:
         values = [parse_override(f"x={v}")[1] for v in raw]
     for v in values:  # every value is checked before any runs: a bad one costs nothing
         _load(args, [*args.set, f"{field}={v}"])
-    if args.jobs == 1:
+    if args.jobs == 1 and args.sweep_backend == "process":
         reports = []
         for v in values:
             _, report, _ = _run_one(args, [*args.set, f"{field}={v}"], f"{field}={v}")
             reports.append(report)
+    elif args.sweep_backend == "ray":  # Ray tasks: the same reports, in the order given (sim/sweep.py)
+        from .sweep import run_ray
+
+        reports = run_ray(str(Path(args.scenario).resolve()), [[*args.set, f"{field}={v}"] for v in values],
+                          args.mode, args.ray_address, args.exact)
     else:  # a process pool: the same reports, in the order given (sim/sweep.py)
         from .sweep import run_pool
 
@@ -254,6 +260,10 @@ def check_flags(args) -> None:
         raise UserError(f"--jobs {args.jobs}: expected a number of worker processes >= 1")
     if args.jobs > 1 and not args.sweep:
         raise UserError("--jobs only applies to --sweep (one configuration runs in one process)")
+    if (args.sweep_backend != "process" or args.ray_address) and not args.sweep:
+        raise UserError("--sweep-backend and --ray-address only apply to --sweep")
+    if args.ray_address and args.sweep_backend != "ray":
+        raise UserError("--ray-address needs --sweep-backend ray")
     field = (args.sweep or "").split("=", 1)[0].strip()
     if field and (same := [s for s in args.set if s.split("=", 1)[0].strip() == field]):
         raise UserError(f"--sweep {field}=... and --set {same[0]} both set {field}; give one")
@@ -268,6 +278,10 @@ def parse_args(argv):
     p.add_argument("--sweep", metavar="PATH=V1,V2,...", help="run once per value and compare")
     p.add_argument("--jobs", type=int, default=1, metavar="N",
                    help="--sweep: run the configurations on N worker processes (default 1: one after another)")
+    p.add_argument("--sweep-backend", choices=("process", "ray"), default="process",
+                   help="--sweep: worker processes on this machine (--jobs) or Ray tasks (pip install 'oresearcher[ray]')")
+    p.add_argument("--ray-address", metavar="ADDRESS",
+                   help="--sweep-backend ray: the cluster to join (ray.init(address=...)); default: a local instance")
     p.add_argument("--exact", action="store_true",
                    help="simulate every rank in its own process (no symmetry shortcut; the report is the same)")
     p.add_argument("--collective-bench", type=_op, metavar="OP", help=f"nccl-tests-style table: {', '.join(OPS)}")
