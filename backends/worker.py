@@ -1,5 +1,5 @@
 """One rank of a real run: join the process group, build the agent, interpret its
-program, and (rank 0) write the report.
+program, and (rank 0) write the report (:mod:`oresearcher.backends.rank_report`).
 
 The same program generator the simulator interprets runs here unchanged
 (:func:`oresearcher.programs.get_program`); the learner comes from the task registry
@@ -36,13 +36,15 @@ import torch.distributed as dist
 from oresearcher.errors import UserError, cli_main, short
 from oresearcher.programs import AgentContext, get_program
 from oresearcher.programs.learner import DTYPES
-from oresearcher.reporting.report import Timeline, summarize, write_json
-from oresearcher.reporting.trace import write_trace
+from oresearcher.reporting.report import Timeline
 
 from . import checkpoint as ckpt
 from .interpreter import Interpreter, make_clock
 from .launcher import EXIT_PEER_LOST, DistEnv, connect_store
 from .monitor import Monitor, post_user_error, user_error
+from .rank_report import REPORT_WRITTEN, distilled, gather_timeline, report_from_checkpoint, wait_for_report
+from .rank_report import final_metrics  # noqa: F401 -- part of this module's interface
+from .rank_report import write_report as _write_report  # a module global: tests replace it (bk_tiny, bk_kill)
 from .telemetry import Progress, TensorBoard, make_profiler
 
 log = logging.getLogger(__name__)
@@ -273,7 +275,7 @@ def _train(scenario, opts: RunOptions, rank, world, device, store, prefix, monit
         step, saved = _resume_point(out, rank, world, resume_step, reshard=hasattr(learner, "load_sharded"), run=run)
         start = step + 1
         if start >= scenario.training.steps:  # trained to the end, stopped before the report
-            return _report_from_checkpoint(saved, step, scenario, opts, rank, world, device, store, prefix, monitor)
+            return report_from_checkpoint(saved, step, scenario, opts, rank, world, device, store, prefix, monitor)
         log.info("resuming after step %d from %s", step, ckpt.step_dir(out, step))
     ctx = _context(scenario, rank, world, device, start, saved.get("states", {}))
     program = get_program(scenario.training.strategy)(ctx, learner)
@@ -339,7 +341,7 @@ def _train(scenario, opts: RunOptions, rank, world, device, store, prefix, monit
     gc.collect()  # free tensors shared with gloo's threads now, not during interpreter shutdown
     merged = gather_timeline(tl, rank, world)
     if rank == 0:
-        more = _distilled(learner, scenario, opts)
+        more = distilled(learner, scenario, opts)
         _write_report(merged, scenario, opts, start, wall, device, more)
         store.set(prefix + REPORT_WRITTEN, "1")
     elif not wait_for_report(store, prefix, monitor):
@@ -348,7 +350,6 @@ def _train(scenario, opts: RunOptions, rank, world, device, store, prefix, monit
     return 0
 
 
-REPORT_WRITTEN = "report_written"
 RUN_IDENTITY = "run_identity"
 
 
@@ -361,107 +362,3 @@ def _run_identity(store, prefix: str, rank: int, out: Path) -> Optional[dict]:
 
         store.set(prefix + RUN_IDENTITY, json.dumps(ckpt.run_identity(read_manifest(out))))
     return json.loads(store.get(prefix + RUN_IDENTITY))
-
-
-def _report_from_checkpoint(saved: dict, step: int, scenario, opts: RunOptions, rank, world, device, store,
-                            prefix, monitor) -> int:
-    """A run killed after its final checkpoint but before its report (or whose disk
-    filled then): the final step's checkpoints hold every rank's timeline, and the report
-    is written from them, as the uninterrupted run would have written it."""
-    record = saved.get("meta", {}).get("record")
-    have = [None] * world
-    dist.all_gather_object(have, isinstance(record, dict))
-    if not all(have):
-        raise UserError(f"{opts.out_dir}: checkpoint step {step} reaches training.steps={scenario.training.steps} "
-                        f"but was not the final step of its run, so it holds no record to report from; "
-                        f"pass --steps greater than {step + 1} to train longer")
-    parts = [None] * world if rank == 0 else None
-    dist.gather_object(record["timeline"], parts, dst=0)
-    if rank == 0:
-        log.info("training finished at step %d; writing the report from its checkpoints", step)
-        tl = Timeline.merge(parts, keep_spans=max(1000, 200_000 // world))
-        _write_report(tl, scenario, opts, int(record["start_step"]), float(record["wall_s"]), device)
-        store.set(prefix + REPORT_WRITTEN, "1")
-    elif not wait_for_report(store, prefix, monitor):
-        return EXIT_PEER_LOST
-    dist.barrier()
-    return 0
-
-
-def wait_for_report(store, prefix: str, monitor, poll_s: float = 0.05) -> bool:
-    """Ranks other than 0 wait while rank 0 writes the report. Not a barrier: writing
-    a long run's report and figures may take longer than the process group's timeout
-    (a short ``--timeout``), which must not turn a finished run into a lost rank; the
-    monitor's heartbeats still catch a rank 0 that dies meanwhile."""
-    while not store.check([prefix + REPORT_WRITTEN]):
-        if monitor.lost is not None:
-            return False
-        time.sleep(poll_s)
-    return True
-
-
-def gather_timeline(tl: Timeline, rank: int, world: int) -> Optional[Timeline]:
-    """Every rank's totals, step ends, metrics and kept spans, merged on rank 0 (None elsewhere)."""
-    parts = [None] * world if rank == 0 else None
-    dist.gather_object(tl.part(rank), parts, dst=0)
-    return Timeline.merge(parts, keep_spans=tl.keep_spans) if rank == 0 else None
-
-
-def final_metrics(tl: Timeline) -> dict:
-    """Mean over ranks of each numeric metric at its last recorded step."""
-    last: dict[str, list] = {}
-    for r in range(tl.world_size):
-        seen = {}
-        for _step, _t, m in tl.metrics[r]:
-            seen.update({k: v for k, v in m.items() if isinstance(v, (int, float)) and not isinstance(v, bool)})
-        for k, v in seen.items():
-            last.setdefault(k, []).append(float(v))
-    return {k: sum(v) / len(v) for k, v in sorted(last.items())}
-
-
-def _distilled(learner, scenario, opts: RunOptions) -> dict:
-    """Rank 0, after a distillation phase: the comparison (oresearcher.cooperation.distill) for the
-    report, and the export with ``--export``."""
-    if getattr(learner, "distill_result", None) is None:
-        return {}
-    from oresearcher.cooperation import distill
-
-    section = distill.comparison(learner, scenario)
-    if opts.export is not None:
-        section["export"] = str(distill.export(learner, scenario, opts.export))
-    return {"distill": section}
-
-
-def _write_report(tl: Timeline, scenario, opts: RunOptions, start: int, wall: float, device,
-                  more: Optional[dict] = None) -> None:
-    """The report, trace and figures (rank 0); a full disk is one line: the final
-    checkpoints are complete and ``--resume`` writes the report from them."""
-    try:
-        _write_report_files(tl, scenario, opts, start, wall, device, more)
-    except OSError as e:
-        then = (f"--resume {opts.out_dir} writes it from the final checkpoints" if scenario.training.checkpoint_every
-                else "run it again (training.checkpoint_every is 0: no checkpoint to write it from)")
-        raise UserError(f"{opts.out_dir}: cannot write the report: {ckpt.write_failure(e, Path(opts.out_dir))}; "
-                        f"free space, then {then}") from None
-
-
-def _write_report_files(tl: Timeline, scenario, opts: RunOptions, start: int, wall: float, device,
-                        more: Optional[dict] = None) -> None:
-    extra = {
-        "strategy": scenario.training.strategy,
-        "final_metrics": final_metrics(tl),
-        "start_step": start,
-        "wall_time_s": wall,
-        "device": str(device) if device.type == "cpu" else torch.cuda.get_device_name(device),
-        "torch_version": torch.__version__,
-        **(more or {}),
-    }
-    report = summarize(tl, scenario.resolved(), backend=opts.backend, extra=extra)
-    path = Path(opts.out_dir) / "report.json"
-    write_json(path, report)
-    write_trace(tl, Path(opts.out_dir) / "trace.json", f"{scenario.name} ({opts.backend})")
-    from oresearcher.reporting.figures import write_run_figures  # matplotlib: rank 0 only, at the end
-    write_run_figures(report, tl, Path(opts.out_dir), f"{scenario.name} ({tl.world_size} ranks, {opts.backend})")
-    log.info("step %.4g s (compute %.4g s, exposed comm %.4g s, overhead %.1f%%), %d steps; report: %s",
-             report["step_time_s"], report["compute_time_s"], report["exposed_comm_time_s"],
-             100 * report["comm_overhead"], report["steps"], path)

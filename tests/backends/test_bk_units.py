@@ -257,3 +257,24 @@ def test_compute_rate_folds_unmodelled_work_in_and_takes_host_overhead_out():
     assert compute_rate(m) == pytest.approx(1e10)
     with pytest.raises(UserError, match="declare no FLOPs"):
         compute_rate(dict(m, flops_per_step=0.0))
+
+
+def test_a_full_disk_while_writing_the_report_is_one_line_that_says_how_to_get_it(tmp_path, monkeypatch):
+    import errno
+    import os
+    from types import SimpleNamespace
+
+    from oresearcher.backends import rank_report
+    from oresearcher.errors import UserError
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(rank_report, "_write_report_files", full)
+    opts = SimpleNamespace(out_dir=tmp_path)
+    for every, words in ((2, f"then --resume {tmp_path} writes it from the final checkpoints"),
+                         (0, "no checkpoint to write it from")):
+        sc = SimpleNamespace(training=SimpleNamespace(checkpoint_every=every))
+        with pytest.raises(UserError) as e:
+            rank_report.write_report(None, sc, opts, 0, 0.0, None)
+        assert "the disk is full" in str(e.value) and words in str(e.value) and "\n" not in str(e.value)
