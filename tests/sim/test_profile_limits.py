@@ -68,18 +68,24 @@ def test_peak_flops_is_accepted_exactly_inside_its_documented_range(tmp_path_fac
         assert ok and got == x
 
 
-@settings(deadline=None)  # file I/O and first imports on a loaded host
+RANGES = [(FABRIC, "bandwidth_GBps", 1e-3, 1e6), (FABRIC, "base_latency_us", 0, 1e6),
+          (FABRIC, "hop_latency_us", 0, 1e6), (FABRIC, "call_overhead_us", 0, 1e6),
+          (DEVICE, "host_overhead_us", 0, 1e6), (DEVICE, "memory_bandwidth_GBps", 1e-3, 1e6)]
+
+
+@pytest.mark.parametrize("base, field, lo, hi", RANGES, ids=[r[1] for r in RANGES])
+@settings(deadline=None, max_examples=40)  # file I/O on a loaded host
 @given(x=st.floats(allow_nan=True, allow_infinity=True))
-def test_bandwidth_is_accepted_exactly_inside_its_documented_range(tmp_path_factory, x):
-    path = _file(tmp_path_factory.mktemp("p"), _doc(FABRIC, bandwidth_GBps=repr(x))
-                 .replace("nan", ".nan").replace("inf", ".inf"))
-    ok = math.isfinite(x) and 1e-3 <= x <= 1e6
+def test_each_field_is_accepted_exactly_inside_its_documented_range(tmp_path_factory, base, field, lo, hi, x):
+    path = _file(tmp_path_factory.mktemp("p"), _doc(base, **{field: repr(x)}).replace("nan", ".nan")
+                 .replace("inf", ".inf"))
+    ok = math.isfinite(x) and lo <= x <= hi
     try:
         load_profile_file(path)
-    except UserError:
-        assert not ok, x
+    except UserError as e:
+        assert not ok and field in str(e), (x, str(e))
     else:
-        assert ok
+        assert ok, x
 
 
 def test_the_shipped_profiles_still_load():
