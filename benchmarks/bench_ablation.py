@@ -52,15 +52,17 @@ VARIANTS = {
     "+ diversity term": ("novelty: pushes agents apart (off by default)", ["cooperation.rewards.peer_term=diversity"]),
     "+ outer Nesterov": ("outer Nesterov on the fusion pseudo-gradient (off by default)",
                          ["cooperation.fusion.outer=nesterov"]),
-    "fresh student": ("student from a fresh init (plain distillation)", ["distill.init=fresh"]),
-    "no distillation": ("deploy the fused model itself, no teacher, no student", ["distill.student=null"]),
+    "+ distillation": ("a student of the agents' architecture from the fused model, distilled on "
+                       "(off: the fused model is deployed)", ["distill.student=mlp"]),
+    "+ fresh student": ("a student from a fresh init, distilled (plain distillation)",
+                        ["distill.student=mlp", "distill.init=fresh"]),
 }
-DISTILLING = {"digits"}  # the tasks whose cooperative scenario distils (the "fresh student" row)
+DISTILLING = {"digits"}  # the tasks that can distil (an mlp student: the distillation rows)
 REPLAY = {"digits", "cartpole"}  # the tasks with a replay pool
 
 
 def variants_for(task: str) -> list[str]:
-    return [v for v in VARIANTS if (v not in ("fresh student", "no distillation") or task in DISTILLING)
+    return [v for v in VARIANTS if (v not in ("+ distillation", "+ fresh student") or task in DISTILLING)
             and (v != "+ replay pool" or task in REPLAY)]
 
 

@@ -9,7 +9,9 @@ Methods, all in the simulator's numeric mode (the same math as the real backends
 ``single`` (one agent, the whole global batch), ``ddp`` (synchronous data parallel),
 ``diloco`` (periodic averaging + outer Nesterov), ``pbt`` (population-based training
 alone: exploit/explore every round, no roles, no fusion; benchmarks/coop_harness.py) and
-``oresearcher`` (the task's cooperative scenario; on digits with the distillation phase).
+``oresearcher`` (the task's cooperative scenario, deploying the fused model: no
+distillation phase, which for a student of the agents' own architecture did not pay at
+equal compute; bench_ablation.py's "+ distillation" row).
 
 Equal compute: every Compute FLOP a program issues is counted (coop_harness): for the
 cooperative program that includes the peers' forward passes of the shaped loss, the
@@ -21,8 +23,9 @@ counted compute beside the cooperative program's.
 The same two statistics for every method, on held-out test data:
 - "agents": the mean over the agents of each final agent's test metric;
 - "model": the test metric of the one model the method deploys: the student for
-  oresearcher where it distils (digits), else the plain average of its final agents (the
-  fused model); the average of the agents for ddp/diloco/pbt; the model for single.
+  oresearcher where a scenario distils (``distill.student``), else the plain average of
+  its final agents (the fused model); the average of the agents for ddp/diloco/pbt; the
+  model for single.
 Time-to-target is read from the "agents" statistic at every round (simulated seconds on
 an 8xA100 clock); "model" is only known at the end, where the table gives it.
 
@@ -63,7 +66,7 @@ COOP = ["cooperation.roles={policy: dynamic, optimizer_method: swa}",
 # per task: scenario, target of the "agents" statistic, extra settings,
 # sizes {full|quick: (steps, communication.interval = H, distill.steps or 0)}
 TASKS = {
-    "digits": ("digits-4.yaml", 0.93, ["distill.student=mlp"],
+    "digits": ("digits-4.yaml", 0.93, [],
                {"full": (30, 10, 15), "quick": (12, 6, 6)}),
     "cartpole": ("cartpole-4.yaml", 30.0, [], {"full": (150, 50, 0), "quick": (30, 15, 0)}),
     "synthetic-lm": ("cpu-tiny.yaml", 0.5, [
@@ -97,7 +100,7 @@ def scenario(task: str, method: str, seed: int, lr_mult: float, size: str, steps
     agents = load_scenario(ROOT / "scenarios" / file, extra).agents.count  # kept on the A100 clock's 8 GPUs
     sets = [*A100, f"agents.count={agents}", *extra, f"seed={seed}", f"communication.interval={interval}",
             f"training.local_steps={interval}", f"training.eval_every={interval}"]
-    if distill:
+    if distill:  # where a variant distils (distill.student)
         sets.append(f"distill.steps={distill}")
     base = load_scenario(ROOT / "scenarios" / file, sets)
     # the student's lr is its own: the sweep mis-sets the agents' lr, not the deployment's

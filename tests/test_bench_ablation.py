@@ -22,7 +22,7 @@ def test_every_variant_loads_and_changes_its_mechanism(task):
         finally:
             B.TASKS[task] = saved
         assert (sc == full) == (v == "full"), v  # each variant is another scenario; the full one is the default
-    assert ("fresh student" in A.variants_for(task)) == ("no distillation" in A.variants_for(task)) == (task == "digits")
+    assert ("+ fresh student" in A.variants_for(task)) == ("+ distillation" in A.variants_for(task)) == (task == "digits")
     assert A.main(["--variants", "no such thing"]) == 2
 
 

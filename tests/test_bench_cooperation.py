@@ -29,14 +29,19 @@ def test_every_method_gets_the_cooperative_programs_compute(digits):
     for m, runs in rows.items():
         for r in runs:
             assert r["flops"] == pytest.approx(target, rel=0.03), m
-    # the cooperative program is charged for more than its own training steps: the peers'
-    # forward passes of the shaped loss, validators, ensemble and distillation. So at equal
-    # compute a data-parallel baseline takes more steps than it did.
+    # the cooperative program is charged for more than its own training steps: the
+    # validators (and, where a variant runs them, the peers' forward passes of the shaped
+    # loss, the ensemble and distillation). So at equal compute a data-parallel baseline
+    # takes more steps than it did.
     assert digits["steps"]["ddp"] > coop[0]["steps"]
     ddp_per_step = rows["ddp"][0]["flops"] / rows["ddp"][0]["steps"]
-    assert coop[0]["flops"] > 1.5 * ddp_per_step * coop[0]["steps"]
-    assert {"validate", "teacher_outputs", "distill_fwd_bwd"} <= set(coop[0]["by_name"])
+    assert coop[0]["flops"] > 1.05 * ddp_per_step * coop[0]["steps"]
+    assert "validate" in coop[0]["by_name"]
     assert "compute by op" not in B.compute_shares(coop) and "validate" in B.compute_shares(coop)
+    A = pytest.importorskip("bench_ablation")
+    distilled = A.run_variant("digits", "+ distillation", 100, 1.0, "quick")
+    assert {"validate", "teacher_outputs", "distill_fwd_bwd"} <= set(distilled["by_name"])
+    assert distilled["flops"] > coop[0]["flops"]
 
 
 def test_the_same_statistics_for_every_method(digits):
