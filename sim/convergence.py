@@ -18,13 +18,13 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import time
 from pathlib import Path
 
 import torch
 
 from oresearcher import convergence as cv
-from oresearcher.scenario import Scenario, scenario_dir, validate
+from oresearcher.errors import UserError
+from oresearcher.scenario import Scenario, validate
 
 METHOD = "proxy-v1"  # bump when what a cached curve means changes
 
@@ -76,19 +76,24 @@ def run_proxy(scenario: Scenario, data: dict, log=None) -> list[float]:
     path = root / f"{cache_key(data)}.json"
     steps = data["training"]["steps"]
     if path.is_file():
-        return json.loads(path.read_text())["curve"][:steps]
+        try:
+            return json.loads(path.read_text())["curve"][:steps]
+        except (ValueError, KeyError, TypeError):
+            pass  # a file cut short or not ours: run the proxy again and replace it
     from .simulate import simulate
 
-    t0 = time.monotonic()
     report, _ = simulate(proxy_scenario(data, scenario), mode="numeric")
     curve = cv.mean_curve(report["metrics"])
     if log:
         log(f"convergence proxy: {data['training']['strategy']} seed {data['seed']}, {len(curve)} steps of "
-            f"{data['workload']['model']} in {time.monotonic() - t0:.0f} s (cached in {root})")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"curve": curve, "scenario": data, "method": METHOD}, sort_keys=True))
-    tmp.replace(path)
+            f"{data['workload']['model']} (cached in {root})")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"curve": curve, "scenario": data, "method": METHOD}, sort_keys=True))
+        tmp.replace(path)
+    except OSError as e:
+        raise UserError(f"convergence.cache_dir {root}: cannot write the proxy's result ({e.strerror})") from None
     return curve[:steps]
 
 

@@ -137,3 +137,22 @@ def test_cooperative_curve_stops_at_the_nominal_steps(tmp_path):
     data = sc_mod.proxy_data(s, 0)
     (tmp_path / f"{sc_mod.cache_key(data)}.json").write_text(json.dumps({"curve": list(range(30, 0, -1))}))
     assert sc_mod.run_proxy(s, data) == list(range(30, 10, -1))
+
+
+def test_a_corrupt_cache_file_is_rerun_and_an_unwritable_cache_is_one_line(monkeypatch, tmp_path):
+    import oresearcher.sim.simulate as simulate_mod
+    from oresearcher.errors import UserError
+
+    fake = {"metrics": {"0": [{"step": i, "loss": 5.0 - i / 10} for i in range(20)]}}
+    monkeypatch.setattr(simulate_mod, "simulate", lambda *a, **k: (fake, None))
+    s = load_scenario("scenarios/cpu-tiny.yaml", ["training.strategy=local_sgd", "convergence.proxy_steps=20",
+                                                  f"convergence.cache_dir={tmp_path}"])
+    data = sc_mod.proxy_data(s, 0)
+    (tmp_path / f"{sc_mod.cache_key(data)}.json").write_text("{not json")
+    assert sc_mod.run_proxy(s, data) == [5.0 - i / 10 for i in range(20)]
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    s2 = load_scenario("scenarios/cpu-tiny.yaml", ["training.strategy=local_sgd", "convergence.proxy_steps=20",
+                                                   f"convergence.cache_dir={blocked}/sub"])
+    with pytest.raises(UserError, match="convergence.cache_dir"):
+        sc_mod.run_proxy(s2, sc_mod.proxy_data(s2, 0))
