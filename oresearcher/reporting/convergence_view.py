@@ -13,6 +13,8 @@ from rich.table import Table
 def hours(seconds: float | None) -> str:
     if seconds is None:
         return "never"
+    if seconds < 60:
+        return f"{seconds:.1f} s"
     if seconds < 3600:
         return f"{seconds / 60:,.1f} min"
     if seconds < 48 * 3600:
