@@ -3,11 +3,14 @@ replay, the trained ensemble) and ``distill:``: validated at the boundary like e
 section (:mod:`oresearcher.scenario` assembles them). Units in field descriptions."""
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Annotated, Literal, Optional
 
 from pydantic import Field, model_validator
 
 from ..scenario_types import MAX_STEPS, Float, Int, Name, Strict
+
+Mult = Annotated[Float, Field(ge=1e-3, le=1e3)]  # a multiplier of a hyperparameter (ratio)
+
 
 class RolePolicySpec(Strict):
     """Role policies of the cooperative program (oresearcher.cooperation.roles)."""
@@ -26,10 +29,10 @@ class RolePolicySpec(Strict):
     plateau_rounds: Int = Field(2, ge=1, le=1000, description="rounds over which validation-loss plateau is judged")
     plateau_tol: Float = Field(0.01, ge=0, le=1, description="relative val-loss improvement below which it is a plateau")
     divergence_factor: Float = Field(3.0, gt=1, le=1e6, description="flag an agent whose val loss exceeds this x the median")
-    lr_range: tuple[Float, Float] = Field((0.1, 10.0), description="[lo, hi]: initial per-agent lr multipliers, "
+    lr_range: tuple[Mult, Mult] = Field((0.1, 10.0), description="[lo, hi]: initial per-agent lr multipliers, "
                                           "log-uniform over the range (one per equal log stratum); PBT's "
                                           "perturbations stay in it (ratios to training.lr, 0.001..1000)")
-    knob_range: tuple[Float, Float] = Field((0.5, 2.0), description="[lo, hi]: initial per-agent multipliers of "
+    knob_range: tuple[Mult, Mult] = Field((0.5, 2.0), description="[lo, hi]: initial per-agent multipliers of "
                                             "the role's own knob (explorer_noise, sam_rho), log-uniform like "
                                             "lr_range, perturbed like it (ratios, 0.001..1000)")
     validation_share: Optional[Float] = Field(0.1, gt=0, le=10, description="validators score each round a "
