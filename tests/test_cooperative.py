@@ -214,6 +214,13 @@ def test_gloo_end_to_end(tmp_path):
     ("cooperation.roles.exploit_fraction=0.7", "cooperation.roles.exploit_fraction"),
     ("cooperation.fusion.colour=red", "cooperation.fusion.colour"),
     ("cooperation.rewards.shape_loss=sometimes", "cooperation.rewards.shape_loss"),
+    ("cooperation.rewards.peer_term=repel", "cooperation.rewards.peer_term"),
+    ("cooperation.rewards.agreement_weight=-1", "cooperation.rewards.agreement_weight"),
+    ("cooperation.roles.lr_range=[2, 1]", "cooperation.roles"),  # lo > hi: named with its values
+    ("cooperation.roles.lr_range=[0, 1]", "cooperation.roles.lr_range"),
+    ("cooperation.roles.perturb_factor=0.5", "cooperation.roles.perturb_factor"),
+    ("cooperation.roles.validation_share=0", "cooperation.roles.validation_share"),
+    ("distill.init=warm", "distill.init"),
 ])
 def test_cooperation_fields_are_validated(override, field):
     from oresearcher.errors import UserError
