@@ -130,3 +130,13 @@ def test_finance_scores_given_rows_and_charges_them_in_proportion():
     part = learner.evaluate_params(flat, arch, rows)
     assert part["flops"] == pytest.approx(whole["flops"] * 200 / total)
     assert part["probs"].shape == whole["probs"].shape  # the novelty probe keeps its rows
+
+
+@given(total=st.integers(0, 5000), budget=st.floats(0, 1e12), per=st.floats(1e-3, 1e9), agents=st.integers(1, 64))
+def test_subsample_size_keeps_to_its_budget_and_bounds(total, budget, per, agents):
+    size = V.subsample_size(total, budget, per, agents)
+    assert min(total, V.MIN_ROWS) <= size <= total
+    if size > min(total, V.MIN_ROWS):  # above the floor the validators' cost stays within the budget
+        assert size * agents * per <= budget * (1 + 1e-9)
+    if size < total:  # ... and one row more would exceed it
+        assert (size + 1) * agents * per > budget * (1 - 1e-9) or size == V.MIN_ROWS
