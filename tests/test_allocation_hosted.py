@@ -363,8 +363,10 @@ def test_metered_slice_by_hand():
     assert _metered_slice(1.0, 0.125, 8, lambda i: 0.375) == (2, 0.75)
     # a budget under the estimate runs nothing (the credit carries it to the next round)
     assert _metered_slice(0.1, 0.125, 8, lambda i: 0.125) == (0, 0.0)
-    # a clock that does not advance stops at the cap: twice the planned steps plus one
-    assert _metered_slice(1.0, 0.125, 8, lambda i: 0.0) == (17, 0.0)
+    # a clock that does not advance stops at the cap: four times the planned steps plus four
+    assert _metered_slice(1.0, 0.125, 8, lambda i: 0.0) == (36, 0.0)
+    # steps a quarter of the estimate spend the whole budget within the cap: 32 of 36
+    assert _metered_slice(1.0, 0.125, 8, lambda i: 0.03125) == (32, 1.0)
 
 
 @settings(max_examples=150, deadline=None)
@@ -373,7 +375,10 @@ def test_metered_slices_keep_every_agent_within_a_step(n_dev, k, data):
     """Step costs that change every step (0.5-1.5 x the agent's base: who runs beside a
     slice changes its CPU time) and between rounds: with metered slices, after every
     metered round each agent's seconds used over the metered rounds trail the seconds
-    handed out by less than its largest step, and nothing is dropped."""
+    handed out by less than its largest step, and nothing is dropped. (A step here costs at
+    least a third of the last round's mean: inside the slice cap's quarter. With a cap of
+    twice the plan, a slice whose steps turned 3x cheaper stopped early and carried more
+    than a step.)"""
     n = n_dev * k
     base = data.draw(st.lists(st.floats(0.5e-3, 2e-3), min_size=n, max_size=n))
     units = data.draw(st.integers(3 * k, 40))

@@ -132,8 +132,11 @@ def keep_stepping(spent: float, ran: int, budget: float, estimate: float, cap: i
 
 
 def slice_cap(planned: int) -> int:
-    """Most steps a metered slice may take: twice the plan's, plus one."""
-    return 2 * planned + 1
+    """Most steps a metered slice may take: four times the plan's plus four. The plan's
+    ``planned = floor(budget / estimate)`` steps, so the cap lets a slice spend its whole
+    budget on steps as cheap as a quarter of the estimate (contention falling 4x within a
+    round), and still stops a clock that does not advance."""
+    return 4 * (planned + 1)
 
 
 def switch_seconds(state_bytes: float, host_link_Bps: float) -> float:

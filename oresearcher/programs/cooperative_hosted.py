@@ -8,8 +8,8 @@ k agents, N = k * M in all (:mod:`oresearcher.cooperation.scheduler`). A round:
    the real backend), it takes the steps its share of the round's device time buys,
    and its state moves out again. Once the plan is in seconds the slice is metered:
    it steps while its device seconds so far plus its mean step fit its budget
-   (:func:`~oresearcher.cooperation.scheduler.keep_stepping`; at most twice the planned
-   steps plus one). On a CUDA rank reading the seconds so far synchronizes on the last
+   (:func:`~oresearcher.cooperation.scheduler.keep_stepping`; at most four times the planned
+   steps plus four). On a CUDA rank reading the seconds so far synchronizes on the last
    step's event, once a step: the host then launches the next step when the last has
    finished, the price of a time slice that ends on time. A clock that does not advance
    (the reference interpreter without one) runs the planned steps.
