@@ -39,6 +39,7 @@ from oresearcher.files import writable_dir
 from .bench import OPS, bench_png, bus_factor, collective_bench, fmt_size, read_reference, reference_error
 from .numeric_cost import numeric_note
 from .simulate import build_cluster, resolve_mode, simulate
+from .convergence import attach
 
 
 
@@ -87,10 +88,10 @@ def _run_one(args, overrides, label):
         console.print(note, highlight=False)  # before the first step: long work says so up front
     progress = _LazyProgress(scenario.training.steps, label)
     try:
-        report, tl = simulate(scenario, mode=args.mode, on_step=progress, exact=args.exact,
-                              on_note=lambda line: console.print(line, style="dim", highlight=False))
+        report, tl = simulate(scenario, mode=args.mode, on_step=progress, exact=args.exact)
     finally:
         progress.close()
+    attach(scenario, report, log=lambda line: console.print(line, style="dim", highlight=False))
     return scenario, report, tl
 
 

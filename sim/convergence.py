@@ -143,6 +143,15 @@ def _steps(law, n, target, m, tokens_per_step) -> int | None:
     return None if math.isinf(d) else math.ceil(d / tokens_per_step)
 
 
+def attach(scenario: Scenario, report: dict, log=None) -> dict:
+    """``report`` (of ``scenario``, from :func:`oresearcher.sim.simulate.simulate`) with the
+    predicted loss at scale as its last section, when the scenario asks for one;
+    ``log(line)`` hears about each proxy run trained."""
+    if scenario.convergence is not None:
+        report["convergence"] = section(scenario, report["step_time_s"], log=log)
+    return report
+
+
 def section(scenario: Scenario, step_time_s: float, log=None) -> dict:
     """The report's ``convergence`` section (JSON-ready)."""
     spec, w = scenario.convergence, scenario.workload

@@ -134,10 +134,10 @@ def compute_pricing(scenario: Scenario, device):
 
 
 def simulate(scenario: Scenario, *, mode: str | None = None, on_step=None,
-             keep_spans: int = 200_000, on_note=None, exact: bool = False) -> tuple[dict, Timeline]:
-    """Run ``scenario`` in the simulator; returns (report dict, Timeline). With a
-    ``convergence`` section the report predicts the loss at scale (sim/convergence.py;
-    ``on_note(line)`` hears about each proxy run it trains).
+             keep_spans: int = 200_000, exact: bool = False) -> tuple[dict, Timeline]:
+    """Run ``scenario`` in the simulator; returns (report dict, Timeline). The loss
+    predicted at scale is added by the caller (:func:`oresearcher.sim.convergence.attach`),
+    which runs proxies through this function.
 
     Symmetric ranks are simulated once per class (sim/symmetry.py) unless ``exact``;
     the report's ``engine`` section says how the run was done. Either way every other
@@ -165,10 +165,6 @@ def simulate(scenario: Scenario, *, mode: str | None = None, on_step=None,
                        "processes": len(classes) if classes else scenario.world_size,
                        "ops_run": engine.ops_run}
     report = summarize(tl, scenario.resolved(), backend="sim", extra=extra)
-    if scenario.convergence is not None:
-        from .convergence import section
-
-        report["convergence"] = section(scenario, report["step_time_s"], log=on_note)
     return report, tl
 
 

@@ -24,10 +24,12 @@ from oresearcher.scenario import load_scenario
 
 
 def _one(path: str, overrides: list, mode: str | None, exact: bool = False) -> dict:
+    from .convergence import attach
     from .simulate import simulate
 
-    report, _ = simulate(load_scenario(path, overrides), mode=mode, keep_spans=0, exact=exact)
-    return report
+    scenario = load_scenario(path, overrides)
+    report, _ = simulate(scenario, mode=mode, keep_spans=0, exact=exact)
+    return attach(scenario, report)
 
 
 def run_pool(path: str, configs: list[list[str]], mode: str | None, jobs: int, exact: bool = False) -> list[dict]:
