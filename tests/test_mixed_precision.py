@@ -1,4 +1,4 @@
-"""The learner trains in mixed precision as the simulator charges it (issue 11): fp32
+"""The learner trains in mixed precision as the simulator charges it: fp32
 master weights and AdamW state (16 bytes/parameter with the fp32 gradient), bf16 compute
 under autocast, bf16 on the wire."""
 import pytest
@@ -60,7 +60,7 @@ def _held_bytes(learner) -> tuple[int, int, int]:
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
 def test_each_part_equals_the_simulators_charge(dtype):
-    """Issue 11: not only the total: weights, gradients and optimizer state each hold
+    """Not only the total: weights, gradients and optimizer state each hold
     what sim/memory.py charges per parameter, after a real step of a small model."""
     l = _learner(dtype)
     l.forward_backward()
