@@ -28,6 +28,8 @@ import torch
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather
 
+from oresearcher.wire import wire_bytes  # the one formula prediction and measurement share
+
 LOG: list[tuple[str, float, float, int]] = []  # (name, start, end, wire bytes), perf_counter seconds
 
 
@@ -39,8 +41,6 @@ def drain() -> list[tuple[str, float, float, int]]:
 
 
 def _wire(kind: str, tensor: torch.Tensor, group) -> int:
-    from .interpreter import wire_bytes  # the one formula prediction and measurement share
-
     return wire_bytes(kind, "ring", tensor.numel() * tensor.element_size(), group.size())
 
 

@@ -38,7 +38,7 @@ import torch.distributed as dist
 
 from oresearcher import ops as O
 from oresearcher.reporting.report import Span, Timeline
-from oresearcher.wire import wire_bytes_per_rank
+from oresearcher.wire import wire_bytes
 
 log = logging.getLogger(__name__)
 
@@ -46,12 +46,6 @@ _REDUCE = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.Reduc
 
 
 @functools.lru_cache(maxsize=4096)
-def wire_bytes(kind: str, algorithm: str, nbytes: int, n: int) -> int:
-    """Bytes one rank sends: the simulator's formula, so prediction and measurement
-    count wire bytes by one definition (``nbytes`` as :func:`oresearcher.ops.payload_bytes`)."""
-    return int(wire_bytes_per_rank(kind, algorithm, nbytes, n)) if n > 1 else 0
-
-
 class Groups:
     """Process groups by rank tuple, created on first use.
 

@@ -243,3 +243,10 @@ def wire_bytes_per_rank(kind: str, algorithm: str, nbytes: float, n: int) -> flo
     ranks = tuple(range(n))
     ph = phases(kind, algorithm if algorithm != "auto" else "ring", ranks, nbytes, [0] * n)
     return sum(wire_bytes_by_rank(ph).values()) / n
+
+
+def wire_bytes(kind: str, algorithm: str, nbytes: int, n: int) -> int:
+    """Bytes one rank sends, whole: what the real backend records for a collective, by the
+    simulator's formula (:func:`wire_bytes_per_rank`), so prediction and measurement count
+    wire bytes by one definition (``nbytes`` as :func:`oresearcher.ops.payload_bytes`)."""
+    return int(wire_bytes_per_rank(kind, algorithm, nbytes, n)) if n > 1 else 0

@@ -88,22 +88,26 @@ def parse(text: str, source: str) -> Any:
         raise UserError(f"{source}: nested too deeply") from None
 
 
+def _text(p: Path, what: str) -> str:
+    """The UTF-8 text of file ``p`` (``what`` it holds, for the size error), at most MAX_BYTES."""
+    if not p.is_file():
+        raise UserError(f"{str(p)[:200]}: no such file")
+    try:
+        size = p.stat().st_size
+        if size > MAX_BYTES:
+            raise UserError(f"{p}: {size} bytes; {what} is at most {MAX_BYTES} bytes")
+        return p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"{p}: cannot read: {short(str(e))}") from None
+
+
 def read(path: str | Path) -> Any:
     """Read and parse a YAML file; an empty document is an error."""
     p = Path(path)
     if p.is_dir():
         raise UserError(f"{str(p)[:200]}: a directory, not a YAML file (a scenario is one file, "
                         f"e.g. scenarios/8xA100.yaml)")
-    if not p.is_file():
-        raise UserError(f"{str(p)[:200]}: no such file")
-    try:
-        size = p.stat().st_size
-        if size > MAX_BYTES:
-            raise UserError(f"{p}: {size} bytes; a scenario is at most {MAX_BYTES} bytes")
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise UserError(f"{p}: cannot read: {short(str(e))}") from None
-    data = parse(text, str(p))
+    data = parse(_text(p, "a scenario"), str(p))
     if data is None:
         raise UserError(f"{p}: empty; a scenario needs at least its sections (see scenarios/)")
     return data
@@ -114,15 +118,7 @@ def read_all(path: str | Path, what: str = "a profile file") -> list:
     the same budgets as a scenario: size, aliases and depth counted over the whole file,
     no duplicate keys. Empty documents are dropped."""
     p = Path(path)
-    if not p.is_file():
-        raise UserError(f"{str(p)[:200]}: no such file")
-    try:
-        size = p.stat().st_size
-        if size > MAX_BYTES:
-            raise UserError(f"{p}: {size} bytes; {what} is at most {MAX_BYTES} bytes")
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise UserError(f"{p}: cannot read: {short(str(e))}") from None
+    text = _text(p, what)
     try:
         return [d for d in yaml.load_all(text, Loader=BudgetLoader) if d is not None]  # noqa: S506
     except yaml.YAMLError as e:
