@@ -213,8 +213,7 @@ def main(argv=None) -> int:
         pool.join()
     print(f"\ntotal wall {time.perf_counter() - t0:.0f} s ({size}); date {time.strftime('%Y-%m-%d', time.gmtime())}")
     if args.json:
-        Path(args.json).write_text(json.dumps(
-            {t: {**r, "runs": {str(k): v for k, v in r["runs"].items()}} for t, r in results.items()}, indent=1))
+        B.write_json(args.json, results)
     return 0
 
 

@@ -334,9 +334,14 @@ def main(argv=None) -> int:
         pool.join()
     print(f"total wall {time.perf_counter() - t0:.0f} s ({size})")
     if args.json:
-        Path(args.json).write_text(json.dumps(
-            {t: {**r, "runs": {str(k): v for k, v in r["runs"].items()}} for t, r in results.items()}, indent=1))
+        write_json(args.json, results)
     return 0
+
+
+def write_json(path, results: dict) -> None:
+    """Every task's results with their raw runs (run keys as strings, for JSON)."""
+    Path(path).write_text(json.dumps(
+        {t: {**r, "runs": {str(k): v for k, v in r["runs"].items()}} for t, r in results.items()}, indent=1))
 
 
 if __name__ == "__main__":
