@@ -91,7 +91,7 @@ def measure_fsdp_costs(scenario, world: int, device) -> dict | None:
     unit_step_s} for a language-model scenario on CPU (None otherwise)."""
     if scenario.workload.task != "synthetic-lm" or torch.device(device).type != "cpu":
         return None  # GPUs: the profile's datasheet bandwidth; DTensor dispatch overlaps the device
-    from oresearcher.sharding import scenario_plan
+    from oresearcher.models.sharding import scenario_plan
 
     plan = scenario_plan(scenario)
     block = plan.blocks[0] if plan.blocks else plan.root

@@ -21,7 +21,7 @@ and the optimizer step, and this module times, per rank:
 - every collective FSDP2 calls (``torch.distributed.all_gather_single``,
   ``reduce_scatter_single``, ``all_reduce``) as the rank sees it, with its kind, the ring
   model's bytes and its group's size: the in-run collectives the fabric's factor is fitted
-  to. gloo has no reduce-scatter (it all-reduces the whole input; sim/hardware.py,
+  to. gloo has no reduce-scatter (it all-reduces the whole input; oresearcher/hardware/__init__.py,
   ``reduce_scatter: all_reduce``), so on gloo one is recorded as that all-reduce;
 - FSDP2's all-gather, copy-out and reduce functions (``_fsdp_param_group``, torch 2.13)
   minus the collectives inside them: its copies and its bookkeeping around the collectives;
@@ -103,7 +103,7 @@ def measure_fsdp_step(learner, steps: int = 10, warmup: int = 2) -> dict:
     and backward less the collectives, FSDP2's copies and zero_grad: the passes and hooks),
     ``copies_s``, ``optimizer_s`` (step + zero_grad), ``comm_s``; and ``comms``, every
     collective call of the timed steps ``(kind, bytes, group size, seconds)`` in issue order."""
-    from oresearcher.divergence import sharded_forward_backward
+    from oresearcher.programs.divergence import sharded_forward_backward
 
     backend = dist.get_backend()
     opt = learner.optimizer

@@ -16,7 +16,7 @@ achieved matmul rate, memory bandwidth and the cost of one kernel launch.
   last-level cache); bytes moved = read + write (2x the buffer), as the roofline counts.
 - launch: a chain of tiny (matmul, layer norm, GELU, add) blocks with autograd,
   forward and backward, divided by the kernels the same chain launches (counted by
-  :class:`oresearcher.op_trace.KernelRecorder` on the meta device): the fixed cost per
+  :class:`oresearcher.models.op_trace.KernelRecorder` on the meta device): the fixed cost per
   kernel of eager PyTorch on this host, dispatcher and autograd included.
 
 Every figure is the median of ``repeats`` timings after a warm-up. On CUDA the device is
@@ -31,7 +31,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from oresearcher.op_trace import KernelRecorder
+from oresearcher.models.op_trace import KernelRecorder
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -145,12 +145,3 @@ def measure_rates(model: str, micro_batch: int, seq_len: int, dtype: str = "fp32
                                               max(3, repeats // 2), device),
             "memory_bandwidth_Bps": memory_bandwidth(repeats=repeats, device=device),
             "launch_s": launch_cost(repeats=repeats, device=device)}
-
-
-def profile_fields(rates: dict) -> dict:
-    """The device profile's roofline fields for measured ``rates`` (peak = the measured
-    matmul rate, so its achievable fraction is 1)."""
-    return {"memory_bandwidth_GBps": rates["memory_bandwidth_Bps"] / 1e9, "memory_efficiency": 1.0,
-            "launch_us": rates["launch_s"] * 1e6,
-            "achievable": {"matmul": 1.0, "attention": min(1.0, rates["attention_flops"] / rates["matmul_flops"]),
-                           "vector": 1.0}}

@@ -36,9 +36,10 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from oresearcher.models import PRESETS, build_model, lm_loss
-from oresearcher.programs.learner import DTYPES, TorchLearner
-from oresearcher.sharding import scenario_plan
-from oresearcher.tasks.synthetic_lm import TokenStream, micro_batch
+from oresearcher.models.learner import DTYPES, TorchLearner
+from oresearcher.models.sharding import scenario_plan
+from oresearcher.models.workloads import per_rank_batch
+from oresearcher.tasks.synthetic_lm import TokenStream
 
 from . import dcp, fsdp_comm, fsdp_guard
 
@@ -124,7 +125,7 @@ def make_learner(scenario, rank: int, world_size: int, device) -> FSDPLearner:
     lr = scenario.training.lr
     optimizer = (torch.optim.AdamW(model.parameters(), lr=lr) if w.optimizer == "adamw"
                  else torch.optim.SGD(model.parameters(), lr=lr))
-    batches = TokenStream(PRESETS[w.model].vocab_size, micro_batch(scenario), w.seq_len, scenario.seed, rank,
+    batches = TokenStream(PRESETS[w.model].vocab_size, per_rank_batch(scenario), w.seq_len, scenario.seed, rank,
                           device=device)
     plan = scenario_plan(scenario)
 

@@ -8,7 +8,7 @@ public hook) and looks at the flat input buffer first: if it holds a NaN or an i
 the rank's contribution to that unit is zeroed before it leaves, and the rank remembers
 it. No host sync during backward: the check and the zeroing stay on the device (a 0-d
 flag and ``masked_fill_``); the program reads the flag once, after backward
-(:func:`oresearcher.divergence.sharded_forward_backward`), and acts on
+(:func:`oresearcher.programs.divergence.sharded_forward_backward`), and acts on
 ``training.on_divergence``.
 """
 from __future__ import annotations

@@ -47,8 +47,8 @@ RUN_FILES = ("scenario.yaml", REPORT, "trace.json", "checkpoints", "tensorboard"
 
 def scenario_hash(resolved: dict) -> str:
     """SHA-256 of what a scenario trains: its resolved fields, less those a resume may
-    change freely (how long, how often to save or evaluate: oresearcher.resume.FREE)."""
-    from oresearcher.resume import FREE, flatten
+    change freely (how long, how often to save or evaluate: oresearcher.scenario.resume.FREE)."""
+    from oresearcher.scenario.resume import FREE, flatten
 
     kept = {k: v for k, v in flatten(resolved).items() if k not in FREE}
     return hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()

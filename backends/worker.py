@@ -35,7 +35,7 @@ import torch.distributed as dist
 
 from oresearcher.errors import UserError, cli_main, short
 from oresearcher.programs import AgentContext, get_program
-from oresearcher.programs.learner import DTYPES
+from oresearcher.models.learner import DTYPES
 from oresearcher.reporting.report import Timeline
 
 from . import checkpoint as ckpt
@@ -232,7 +232,7 @@ def _safe_user_error(store, prefix: str) -> Optional[str]:
 
 
 def _user_error(e: UserError, denv: DistEnv, store) -> int:
-    """One line for the run, whichever ranks found it (oresearcher.divergence: one rank's
+    """One line for the run, whichever ranks found it (oresearcher.programs.divergence: one rank's
     divergence, or every rank's at once): the first rank to post its error makes it the
     failure notice that stops the others; our launcher prints it once and exits 2. Under
     torchrun (no launcher of ours) the first poster prints it itself."""

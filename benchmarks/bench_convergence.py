@@ -11,7 +11,7 @@ scenarios/8xA100.yaml; numeric mode, synthetic-lm):
 - measured: the held-out model (gpt-tiny, 0.86M parameters) trained with the strategy;
   the first step its smoothed mean training loss reaches the target; median over seeds.
 - predicted: the base curve is a user's fit of the law's data term, L(D) = c + B / D^beta
-  (oresearcher.convergence.fit_data_term), to one data-parallel run of the held-out model
+  (oresearcher.models.convergence.fit_data_term), to one data-parallel run of the held-out model
   with a seed none of the measured runs use; the strategy's effective-token multiplier
   is the one the simulator measures on its proxy (gpt-proxy, 0.13M parameters). The
   predicted steps are the fit's tokens to the target divided by the multiplier.
@@ -32,7 +32,7 @@ import math
 import sys
 from statistics import median
 
-from oresearcher import convergence as cv
+from oresearcher.models import convergence as cv
 from oresearcher.scenario import load_scenario
 from oresearcher.sim import convergence as sc
 

@@ -47,7 +47,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import coop_harness as H  # noqa: E402
-from oresearcher.divergence import AllExcluded, Diverged  # noqa: E402
+from oresearcher.programs.divergence import AllExcluded, Diverged  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 A100 = ["cluster.device=A100-SXM4-80GB", "cluster.intra_node=nvswitch-a100", "cluster.gpus_per_node=8"]

@@ -16,7 +16,7 @@ instead (the chain before that measurement: the passes' rate from ddp's FLOP ops
 in-run factor from ddp's gradient buckets, the host costs at the microbenchmarks' level);
 ``--calibrate-with single`` runs no collective in the program (the idle sweep's fit alone). On gloo the profile says ``streams: false`` (FSDP2
 waits for every all-gather and reduce-scatter on CPU ranks) and ``reduce_scatter:
-all_reduce`` (gloo all-reduces the whole input): sim/hardware.py. Medians over repeats;
+all_reduce`` (gloo all-reduces the whole input): oresearcher/hardware/__init__.py. Medians over repeats;
 "run spread" is (max - min) / median of the real runs. Exit 1 if any step-time error is
 past 15 %. The measured step is the steady one, over the steps after the first two (the
 slowest rank's; calibrate skips two as well): the first holds FSDP2's lazy
@@ -86,10 +86,11 @@ def schedule_seconds(path: Path, profile: Path) -> dict:
     from oresearcher.ops import Compute
     from oresearcher.programs.fsdp import Schedule
     from oresearcher.scenario import load_scenario
+    from oresearcher.sim.simulate import build_cluster
 
     sc = load_scenario(path, [f"cluster.profile_files=[{profile}]", "cluster.device=cpu-calibrated",
                               "cluster.intra_node=gloo-calibrated"])
-    sched = Schedule.build(SimpleNamespace(scenario=sc, rank=0, world_size=sc.world_size))
+    sched = Schedule.build(SimpleNamespace(scenario=sc, rank=0, world_size=sc.world_size, profile=build_cluster(sc)[0]))
     def one_step():
         yield from sched.step()
         yield from sched.optimizer_dispatch()

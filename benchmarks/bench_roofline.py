@@ -7,7 +7,7 @@ on this machine, gpt-tiny / gpt-small-cpu.
 GPU: fwd + bwd + AdamW of one step, 8 x 2048 tokens, bf16, activation checkpointing, one
 H200, as measured by a probe (steady state, data excluded): gpt-125m 77 ms,
 gpt-1.3b 393 ms. The profile's constants come from vendor specs and published kernel
-rates (sim/profiles/H200.yaml), not from these two numbers. The probe ran the learner
+rates (oresearcher/hardware/profiles/H200.yaml), not from these two numbers. The probe ran the learner
 of that time (bf16 parameters and bf16 AdamW state); the roofline prices today's mixed
 precision learner (fp32 masters and AdamW state: twice the optimizer bytes).
 """
@@ -19,8 +19,8 @@ MEASURED_H200_MS = {"gpt-125m": 77.0, "gpt-350m": None, "gpt-1.3b": 393.0}
 
 
 def gpu_table() -> None:
-    from oresearcher.op_trace import pass_ops
-    from oresearcher.sim.hardware import builtin_profiles, lookup
+    from oresearcher.models.op_trace import pass_ops
+    from oresearcher.hardware import builtin_profiles, lookup
     from oresearcher.sim.roofline import Roofline, price_lm_step
 
     dev = lookup(builtin_profiles(), "device", "H200:roofline", "bench")
@@ -45,7 +45,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     gpu_table()
     if not a.no_cpu:
-        from oresearcher.roofline_check import main as cpu_main
+        from oresearcher.backends.roofline_check import main as cpu_main
 
         print("\nthis CPU, one thread, fp32, rates measured as calibrate does (medians of 5 rounds):")
         cpu_main([])

@@ -4,7 +4,7 @@
     python -m oresearcher.calibrate --backend=gloo --scenario scenarios/local-gloo.yaml --num_agents=4 \\
         --out profiles/gloo-4.yaml
     python -m oresearcher.calibrate --backend=nccl --scenario S --set agents.count=1 ...   # one GPU:
-        # matmul rate, memory bandwidth, launch cost (oresearcher/calibration/device.py)
+        # matmul rate, memory bandwidth, launch cost (backends/calibration_device.py)
 
 It starts the scenario's ranks (or joins torchrun's), times collectives over a size
 sweep and a few steps of the scenario's own program with all ranks busy at once, and
@@ -83,11 +83,11 @@ from .calibration.jitter import (  # noqa: F401
 from .calibration.profiles import (  # noqa: F401
     compute_rate, device_doc, fabric_doc, fsdp_fit, jitter_fit, profile_text, roofline_doc)
 from .calibration.record import Measurement  # noqa: F401 (re-exported)
-from . import role_mix
+from .scenario import role_mix
 from .errors import UserError
 from .scenario import load_raw, load_scenario
-from .scenario_files import find_scenario
-from .wire import ring_terms  # noqa: F401
+from .scenario.shipped import find_scenario
+from .codecs.wire import ring_terms  # noqa: F401
 
 log = logging.getLogger("oresearcher.calibrate")
 
@@ -189,10 +189,10 @@ def roofline_rates(scenario, backend: str):
     if w.task != "synthetic-lm":
         return None
     from oresearcher.backends.device_rates import measure_rates
-    from oresearcher.tasks.synthetic_lm import micro_batch
+    from oresearcher.models.workloads import per_rank_batch
 
     device = "cuda" if backend == "nccl" else "cpu"
-    return {**measure_rates(w.model, micro_batch(scenario), w.seq_len, w.dtype, device),
+    return {**measure_rates(w.model, per_rank_batch(scenario), w.seq_len, w.dtype, device),
             "foreach_optimizer": device == "cuda"}
 
 
@@ -214,7 +214,7 @@ def main(argv=None) -> int:
     if args.compute_steps is not None and args.compute_steps < 1:
         raise UserError(f"--compute-steps must be at least 1, got {args.compute_steps}")
     if args.backend == "nccl" and scenario.world_size == 1 and denv is None:  # no collectives: the device alone
-        from .calibration.device import run_cli
+        from .backends.calibration_device import run_cli
         return run_cli(args, scenario)
     sizes = default_sizes(int(args.max_bytes))
     if denv is None:

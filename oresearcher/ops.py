@@ -32,6 +32,7 @@ Result of each op (what ``yield op`` evaluates to):
 
 ============  ==============================================================
 Compute       ``fn(*args, **kwargs)``; ``None`` if ``fn`` is ``None``
+Swap          as Compute (moves an agent's state between device and host memory)
 AllReduce     the reduced tensor (new tensor; the input is not modified)
 ReduceScatter this rank's chunk of the reduced tensor (``tensor`` is split into
               ``len(group)`` equal chunks along dim 0, in group order)
@@ -79,7 +80,7 @@ class Compute(Op):
     ``flops`` is what the simulator charges (time = flops / (peak * efficiency) plus the
     device's per-call host overhead); the real backend ignores it and times ``fn``.
     Programs get their FLOP counts from ``torch.utils.flop_counter`` measurements
-    (see ``oresearcher.workloads``), never from hand formulas.
+    (see ``oresearcher.models.workloads``), never from hand formulas.
     """
 
     fn: Optional[Callable[..., Any]] = None
@@ -91,6 +92,19 @@ class Compute(Op):
     def __init__(self, fn=None, *args, flops: float = 0.0, name: str = "compute", **kwargs):
         self.fn, self.args, self.kwargs = fn, args, kwargs
         self.flops, self.name = float(flops), name
+
+
+@dataclass(eq=False, init=False)
+class Swap(Compute):
+    """Move an agent's state between device and host memory: ``nbytes`` each way it
+    moves. The simulator prices it at the device's host link (sim/swap.py), not by FLOPs;
+    real backends run ``fn(*args)`` (the real copy) and time it, as any Compute."""
+
+    nbytes: float = 0.0
+
+    def __init__(self, fn=None, args: tuple = (), *, nbytes: float, name: str = "swap"):
+        super().__init__(fn, *args, name=name)
+        self.nbytes = nbytes
 
 
 @dataclass(eq=False)

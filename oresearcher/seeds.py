@@ -13,7 +13,7 @@ for a chain of salts:
 The primes are those the project has always used, so every seeded result (the README's
 figures, the golden tests) is unchanged: a different prime would move them all. The
 result is taken modulo 2**63 (what ``torch.Generator.manual_seed`` accepts); for scenario
-seeds (at most 2**32 - 1, :data:`oresearcher.scenario_types.MAX_SEED`) and the salts in
+seeds (at most 2**32 - 1, :data:`oresearcher.scenario.types.MAX_SEED`) and the salts in
 use the chains stay below that, so the modulo changes nothing there.
 
 numpy streams in the simulator (``sim/engine.py``, ``sim/faults.py``) seed

@@ -31,7 +31,7 @@ from oresearcher.errors import UserError, cli_main
 from oresearcher.reporting.progress import ProgressLines
 from oresearcher.reporting.report import write_json
 from oresearcher.scenario import check_resize, load_scenario, parse_override
-from oresearcher.scenario_files import find_scenario
+from oresearcher.scenario.shipped import find_scenario
 from oresearcher.tasks import batch_note
 from oresearcher.reporting.trace import write_trace
 from oresearcher.files import writable_dir
@@ -288,7 +288,7 @@ def parse_args(argv):
     p.add_argument("--collective-bench", type=_op, metavar="OP", help=f"nccl-tests-style table: {', '.join(OPS)}")
     p.add_argument("--mode", choices=("shape", "numeric"), help="override simulation.mode")
     p.add_argument("--target-loss", type=float, metavar="LOSS", help="predict the time until the loss reaches LOSS "
-                   "(nats per token; sets convergence.target_loss, see oresearcher/convergence_spec.py)")
+                   "(nats per token; sets convergence.target_loss, see oresearcher/scenario/convergence.py)")
     p.add_argument("--launch", choices=("per-process", "single-process"),
                    help="--collective-bench: one process per GPU (torchrun, nccl-tests -g 1; default) or one "
                         "process driving every GPU of a node (nccl-tests -g 8)")

@@ -18,7 +18,7 @@ from typing import NamedTuple, Optional
 import torch
 
 from oresearcher import ops as O
-from oresearcher import wire
+from oresearcher.codecs import wire
 from oresearcher.errors import UserError
 
 from .engine import Engine
@@ -61,7 +61,7 @@ REFERENCES = {
 def reference_check(name: str, path) -> tuple[list[dict], list[tuple[int, float]], float]:
     """Simulate the all-reduce sizes of a shipped reference on its cluster:
     (simulated rows, reference rows, error as :func:`reference_error`)."""
-    from .hardware import builtin_profiles
+    from ..hardware import builtin_profiles
     from .topology import build_topology
 
     r = REFERENCES[name]

@@ -2,7 +2,7 @@
 event-driven engine follows.
 
 The schedules (which rank sends what to whom, in how many steps) are pure and live in
-:mod:`oresearcher.wire`; here a schedule's phases cost ``steps x hop latency`` and then
+:mod:`oresearcher.codecs.wire`; here a schedule's phases cost ``steps x hop latency`` and then
 the time the network needs to move their flows (alpha-beta), or, on a fabric with an
 NCCL model, what :mod:`.nccl` says NCCL's algorithm and protocol cost.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from oresearcher.wire import (  # noqa: F401 (re-exported: the simulator's vocabulary)
+from oresearcher.codecs.wire import (  # noqa: F401 (re-exported: the simulator's vocabulary)
     ALGORITHMS, DIRECT_MAX_RANKS, SUPPORTED, Phase, ranks_by_node, tree_edges, phases, ring_bytes_per_rank,
     wire_bytes_by_rank, wire_bytes_per_rank)
 

@@ -1,6 +1,6 @@
 """The report's ``convergence`` section: predicted loss against simulated time and tokens.
 
-The base run follows the scenario's scaling law (:mod:`oresearcher.convergence`; N the
+The base run follows the scenario's scaling law (:mod:`oresearcher.models.convergence`; N the
 model preset's parameters, D = global batch x sequence length x steps). The strategy's
 effective-token multiplier is measured: the scenario's own program (same agents and
 roles, interval, codec, optimizer and learning rate, local steps) runs in numeric mode
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from oresearcher import convergence as cv
+from oresearcher.models import convergence as cv
 from oresearcher.errors import UserError
 from oresearcher.scenario import Scenario, validate
 

@@ -138,7 +138,7 @@ class Engine:
         z = sigma * rng.standard_normal() if rho > 0 else 0.0  # sigma * the AR(1) state
         step_factor = math.exp(mu + z)
         slow = self.faults.compute_factor(rank) if self.faults is not None else 1.0
-        Compute, Collective = O.Compute, O.Collective
+        Compute, Collective, Swap = O.Compute, O.Collective, O.Swap
         mult = 1 if self.members is None else len(self.members[rank])  # ranks this process stands for
         # Compute only touches this rank, so its time is owed lazily: consecutive Computes
         # cost one SimPy event, paid before the rank next meets others (exactly the same
@@ -155,10 +155,10 @@ class Engine:
             val = None
             self.ops_done += mult
             self.ops_run += 1
-            if isinstance(op, Compute):  # a subclass: a hosted agent's Swap (sim/swap.py)
+            if isinstance(op, Compute):  # Swap too: priced at the host link (sim/swap.py)
                 if op.fn is not None:
                     val = op.fn(*op.args, **op.kwargs)
-                priced = (swap_seconds(self.device, op.nbytes) if type(op) is not Compute
+                priced = (swap_seconds(self.device, op.nbytes) if isinstance(op, Swap)
                           else self.pricing(op.name, op.flops) if self.pricing is not None else None)
                 dur = (op.flops / rate if priced is None else priced) + host
                 if rho > 0:

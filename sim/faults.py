@@ -1,6 +1,6 @@
 """Faults in the simulator: stragglers, degraded links, lost ranks, and what checkpoints cost.
 
-The scenario's ``faults:`` section (:mod:`oresearcher.fault_spec`) becomes a
+The scenario's ``faults:`` section (:mod:`oresearcher.scenario.faults`) becomes a
 :class:`FaultPlan` the engine consults at three points, and nothing else in the engine
 changes:
 
@@ -327,27 +327,15 @@ def variant(scenario, keep: tuple = ()):
     return v
 
 
-_baseline = [False]  # inside a baseline run of fault_report: no report of its own
-
-
-def fault_report(scenario, plan: FaultPlan, tl, mode: str) -> dict | None:
+def fault_report(scenario, plan: FaultPlan, tl, baseline_total) -> dict:
     """The report's ``faults`` section (see the module docstring for the definitions):
     the run is compared with baseline runs of the same scenario (no faults; stragglers
-    only; link windows only)."""
-    from .simulate import simulate
-
-    if _baseline[0]:
-        return None
+    only; link windows only). ``baseline_total(keep)``: the total time of
+    :func:`variant` ``(scenario, keep)``, which the caller simulates."""
     end = max((tl.step_ends[r][-1] for r in range(tl.world_size) if tl.step_ends[r]), default=0.0)
     total = end - (tl.t0 or 0.0)
     failures = plan.finish(tl, end)
-
-    def total_of(keep):
-        _baseline[0] = True
-        try:
-            return simulate(variant(scenario, keep), mode=mode, keep_spans=0)[0]["total_time_s"]
-        finally:
-            _baseline[0] = False
+    total_of = baseline_total
 
     base = total_of(())
     spec = scenario.faults

@@ -3,7 +3,7 @@
 Parts (all bytes, "GB" = 10^9 bytes):
 
 - weights, grads, optimizer_state: per parameter, as the learner holds them
-  (``oresearcher/programs/learner.py``). Mixed precision (bf16/fp16) is autocast over an
+  (``oresearcher/models/learner.py``). Mixed precision (bf16/fp16) is autocast over an
   fp32 module: the parameters are the fp32 master weights (4 bytes), their gradients are
   fp32 (4) and AdamW's two moments are fp32 (8): 4 + 4 + 8 = 16 bytes/param (the bf16
   weight copies autocast makes live for one forward and backward; they are not charged
@@ -15,7 +15,7 @@ Parts (all bytes, "GB" = 10^9 bytes):
   state: 12 bytes/param here, 14 in ZeRO's split). SGD charges one fp32 momentum buffer
   (4), so mixed and fp32 training hold the same: 4 + 4 + 8 (AdamW), 4 + 4 + 4 (SGD with
   momentum, as every task's learner builds it).
-- activations: the saved-for-backward bytes measured by ``oresearcher.workloads``
+- activations: the saved-for-backward bytes measured by ``oresearcher.models.workloads``
   (with or without per-block activation checkpointing) at the given micro batch.
 - codec_buffers: what the gradient codec keeps (error-feedback residuals, compressed
   send/receive buffers); the caller passes it.
@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Optional
 
-from oresearcher.workloads import LMCost
+from oresearcher.models.workloads import LMCost
 
 OPTIMIZERS = ("adamw", "sgd")
 

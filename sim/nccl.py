@@ -61,7 +61,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from oresearcher import wire
+from oresearcher.codecs import wire
 
 PROTOCOLS = ("LL", "LL128", "Simple")
 US = 1e-6

@@ -5,9 +5,9 @@ agent after another, on this machine's CPU: the simulated clock comes from the d
 profile, but the wall clock is this host's. A language model sized for GPUs (gpt-1.3b on
 8 agents for 200 steps, about 10^17 FLOPs) would run for months without a word, so the
 CLI estimates the work first: the FLOPs torch.utils.flop_counter counts for one agent's
-step (:func:`oresearcher.workloads.measure_lm`, checkpointing's recompute included) times
+step (:func:`oresearcher.models.workloads.measure_lm`, checkpointing's recompute included) times
 agents times steps, at the shipped ``cpu-local`` profile's achieved rate for the
-workload's dtype (sim/profiles/cpu-local.yaml). Above :data:`WARN_S` the estimate is
+workload's dtype (oresearcher/hardware/profiles/cpu-local.yaml). Above :data:`WARN_S` the estimate is
 printed before the run starts; above :data:`REFUSE_S` the run is refused in one line
 that points at shape mode, which prices the same configuration in seconds.
 
@@ -26,17 +26,17 @@ def numeric_flops(scenario) -> float | None:
     recompute) x agents x steps; None for tasks other than synthetic-lm."""
     if scenario.workload.task != "synthetic-lm":
         return None
-    from oresearcher.tasks.synthetic_lm import micro_batch
-    from oresearcher.workloads import measure_lm
+    from oresearcher.models.workloads import per_rank_batch
+    from oresearcher.models.workloads import measure_lm
 
     w = scenario.workload
-    cost = measure_lm(w.model, micro_batch(scenario), w.seq_len, w.dtype, w.activation_checkpointing)
+    cost = measure_lm(w.model, per_rank_batch(scenario), w.seq_len, w.dtype, w.activation_checkpointing)
     return float(cost.step_flops) * scenario.world_size * scenario.training.steps
 
 
 def host_rate(dtype: str) -> float:
     """Achieved FLOP/s of one CPU core for ``dtype``: the shipped cpu-local profile."""
-    from .hardware import builtin_profiles
+    from ..hardware import builtin_profiles
 
     return builtin_profiles()[("device", "cpu-local")].flops_per_s(dtype)
 

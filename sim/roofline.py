@@ -6,7 +6,7 @@ traffic, whichever is slower, plus the cost of launching it.
 
 (Williams, Waterman & Patterson 2009, "Roofline: an insightful visual performance model
 for multicore architectures"). Ops and their FLOPs, bytes, launches and class (matmul,
-attention, vector) come from :mod:`oresearcher.op_trace`, measured on the meta device.
+attention, vector) come from :mod:`oresearcher.models.op_trace`, measured on the meta device.
 Attention FLOPs are counted by torch over the full T x T score matrix; a causal kernel
 computes half of it (FlashAttention skips the masked blocks), so attention ops are
 charged ``CAUSAL_SHARE`` of their counted FLOPs at the kernel's published rate.
@@ -55,7 +55,7 @@ class Roofline:
                    bandwidth=device.memory_bandwidth, launch_s=device.launch_s)
 
     def seconds(self, op) -> float:
-        """Time of one traced op (:class:`oresearcher.op_trace.KernelOp`)."""
+        """Time of one traced op (:class:`oresearcher.models.op_trace.KernelOp`)."""
         if op.cls == "attention":
             compute = op.flops * CAUSAL_SHARE / self.attention_flops
         elif op.cls == "matmul":
@@ -94,7 +94,7 @@ class StepPrice:
 def price_lm_step(device, model: str, micro_batch: int, seq_len: int, dtype: str, checkpointing: bool,
                   optimizer: str = "adamw") -> StepPrice:
     """Roofline price of one training step of preset ``model`` on ``device``."""
-    from oresearcher.op_trace import optimizer_ops, pass_ops
+    from oresearcher.models.op_trace import optimizer_ops, pass_ops
 
     roof = Roofline.from_profile(device, dtype)
     ops = pass_ops(model, micro_batch, seq_len, dtype, checkpointing)

@@ -17,8 +17,8 @@ from oresearcher.scenario import Scenario, scenario_dir
 from oresearcher.tasks import make_learner
 
 from .engine import Engine
-from .faults import fault_plan, fault_report
-from .hardware import catalogue, lookup
+from .faults import fault_plan, fault_report, variant
+from ..hardware import catalogue, lookup
 from .symmetry import SymmetryBroken, symmetry_classes
 from .topology import build_topology
 
@@ -48,8 +48,8 @@ def build_cluster(scenario: Scenario):
                         "(cooperation.allocation.agents_per_device > 1) need to price their switches; add it to "
                         "the profile (oresearcher.calibrate writes it for such a scenario)")
     network = None
-    if cl.network is not None:  # sim/tiers.py: each tier's uplinks priced by its own fabric
-        from .tiers import Tier
+    if cl.network is not None:  # oresearcher/hardware/tiers.py: each tier's uplinks priced by its own fabric
+        from ..hardware.tiers import Tier
 
         fabrics = [inter if t.fabric is None else lookup(cat, "fabric", t.fabric, f"{src}: cluster.network.tiers[{i}]"
                                                          ".fabric") for i, t in enumerate(cl.network.tiers)]
@@ -63,19 +63,19 @@ def memory_report(scenario: Scenario, device) -> dict | None:
     """Per-GPU memory estimate of an LM workload, or None for small tasks."""
     if scenario.workload.task != "synthetic-lm":
         return None
-    from oresearcher.tasks.synthetic_lm import micro_batch
-    from oresearcher.workloads import measure_lm
+    from oresearcher.models.workloads import per_rank_batch
+    from oresearcher.models.workloads import measure_lm
 
     from .memory import estimate_memory
 
     w = scenario.workload
-    cost = measure_lm(w.model, micro_batch(scenario), w.seq_len, w.dtype, w.activation_checkpointing)
+    cost = measure_lm(w.model, per_rank_batch(scenario), w.seq_len, w.dtype, w.activation_checkpointing)
     if scenario.training.strategy == "fsdp":
         return fsdp_memory_report(scenario, cost, device)
     codec = scenario.communication.codec.make()  # None: no compression, no codec buffers
     # one encoded copy of the gradients plus the gathered/decoded buffer
     codec_bytes = 0 if codec is None else 2 * codec.wire_bytes(cost.params)
-    est = estimate_memory(cost, micro_batch=micro_batch(scenario), dtype=w.dtype, optimizer=w.optimizer,
+    est = estimate_memory(cost, micro_batch=per_rank_batch(scenario), dtype=w.dtype, optimizer=w.optimizer,
                           checkpointing=w.activation_checkpointing, codec_buffer_bytes=codec_bytes,
                           device_memory_bytes=int(device.memory_bytes))
     return {k: getattr(est, k) for k in ("weights", "grads", "optimizer_state", "activations",
@@ -84,7 +84,7 @@ def memory_report(scenario: Scenario, device) -> dict | None:
 
 def fsdp_memory_report(scenario: Scenario, cost, device) -> dict:
     """Per-GPU memory of an fsdp rank; weights/grads hold sharded + gathered parts."""
-    from oresearcher.sharding import scenario_plan
+    from oresearcher.models.sharding import scenario_plan
 
     from .memory import estimate_fsdp_memory
 
@@ -120,12 +120,12 @@ def compute_pricing(scenario: Scenario, device):
     workload is a language-model preset; None (the flat FLOP rate) otherwise."""
     if device.compute_model != "roofline" or scenario.workload.task != "synthetic-lm":
         return None
-    from oresearcher.tasks.synthetic_lm import micro_batch
+    from oresearcher.models.workloads import per_rank_batch
 
     from .roofline import RooflinePricing, price_lm_step
 
     w = scenario.workload
-    price = price_lm_step(device, w.model, micro_batch(scenario), w.seq_len, w.dtype, w.activation_checkpointing,
+    price = price_lm_step(device, w.model, per_rank_batch(scenario), w.seq_len, w.dtype, w.activation_checkpointing,
                           w.optimizer)
     share = 1.0
     if scenario.training.strategy == "fsdp":
@@ -134,14 +134,16 @@ def compute_pricing(scenario: Scenario, device):
 
 
 def simulate(scenario: Scenario, *, mode: str | None = None, on_step=None,
-             keep_spans: int = 200_000, exact: bool = False) -> tuple[dict, Timeline]:
+             keep_spans: int = 200_000, exact: bool = False, fault_baselines: bool = True) -> tuple[dict, Timeline]:
     """Run ``scenario`` in the simulator; returns (report dict, Timeline). The loss
     predicted at scale is added by the caller (:func:`oresearcher.sim.convergence.attach`),
     which runs proxies through this function.
 
     Symmetric ranks are simulated once per class (sim/symmetry.py) unless ``exact``;
     the report's ``engine`` section says how the run was done. Either way every other
-    field is the same, byte for byte (tests/sim/test_scale.py)."""
+    field is the same, byte for byte (tests/sim/test_scale.py). With faults, the report's
+    ``faults`` section compares the run with baseline runs of the same scenario, simulated
+    here (``fault_baselines=False``: a baseline run, no section of its own)."""
     mode = mode or resolve_mode(scenario)
     device, topo = build_cluster(scenario)
     faults = scenario.faults.active or scenario.faults.price_checkpoints
@@ -159,8 +161,11 @@ def simulate(scenario: Scenario, *, mode: str | None = None, on_step=None,
         "ops_interpreted": engine.ops_done,
         "memory": memory_report(scenario, device),
     }
-    if engine.faults is not None:  # time lost per fault, work recomputed, goodput (sim/faults.py)
-        extra["faults"] = fault_report(scenario, engine.faults, tl, mode)
+    if engine.faults is not None and fault_baselines:  # time lost per fault, work recomputed, goodput
+        def baseline_total(keep):
+            return simulate(variant(scenario, keep), mode=mode, keep_spans=0, fault_baselines=False)[0]["total_time_s"]
+
+        extra["faults"] = fault_report(scenario, engine.faults, tl, baseline_total)
     extra["engine"] = {"symmetry": "classes" if classes else "per-rank", "why": why,
                        "processes": len(classes) if classes else scenario.world_size,
                        "ops_run": engine.ops_run}
@@ -178,7 +183,8 @@ def _run(scenario, mode, device, topo, on_step, keep_spans, classes):
         program = get_program(scenario.training.strategy)
     except ValueError as e:
         raise UserError(f"{getattr(scenario, '_source', scenario.name)}: {e}") from None
-    ctxs = [AgentContext(rank=r, world_size=n, scenario=scenario, mode=mode, device=torch_device) for r in reps]
+    ctxs = [AgentContext(rank=r, world_size=n, scenario=scenario, mode=mode, device=torch_device, profile=device)
+            for r in reps]
     engine = Engine(topo, device, scenario.workload.dtype, scenario.communication.algorithm,
                     Timeline(n, keep_spans=keep_spans), seed=scenario.seed, pricing=compute_pricing(scenario, device))
     engine.on_step = on_step

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from .hardware import FabricProfile
+from ..hardware import FabricProfile
 
 
 @dataclass
@@ -56,9 +56,9 @@ class Topology:
                 for k in range(self.nics_per_node):
                     self.nic_up[n, k] = self._link(f"n{n}.nic{k}.up", self.inter.bandwidth)
                     self.nic_down[n, k] = self._link(f"n{n}.nic{k}.down", self.inter.bandwidth)
-        self.switches = None  # sim/tiers.py: multi-tier fat tree or rail-optimised network
+        self.switches = None  # oresearcher/hardware/tiers.py: multi-tier fat tree or rail-optimised network
         if self.network is not None and self.nodes > 1:
-            from .tiers import TierNetwork
+            from ..hardware.tiers import TierNetwork
 
             self.switches = TierNetwork(*self.network, self._link, self.nodes, self.nics_per_node)
 

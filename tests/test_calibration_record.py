@@ -40,7 +40,7 @@ def test_a_record_and_the_same_mapping_give_the_same_profile():
 
 
 def test_write_profile_takes_the_record_end_to_end(tmp_path):
-    from oresearcher.sim.hardware import load_profile_file
+    from oresearcher.hardware import load_profile_file
 
     fit = write_profile(tmp_path / "p.yaml", record(), "cpu-cal", "gloo-cal")
     dev, fab = load_profile_file(tmp_path / "p.yaml")
@@ -53,7 +53,7 @@ def test_a_host_too_busy_to_describe_is_capped_at_the_profiles_bound_and_still_l
     """A measured spread beyond what a device profile accepts (compute_jitter_cv <= 2) is
     written as the bound, said in the profile's comment, and the profile loads."""
     from oresearcher.calibration.jitter import op_jitter_cv, own_slowness, pooled_cv
-    from oresearcher.sim.hardware import JITTER_CV_MAX, load_profile_file
+    from oresearcher.hardware import JITTER_CV_MAX, load_profile_file
 
     spiky = [0.01] * 19 + [5.0]  # one stall of 500x in twenty steps, on one rank only
     steps = [spiky, [0.01] * 20]
@@ -159,7 +159,7 @@ def test_schedule_groups_by_hand():
     plan (a root unit and 4 blocks), ZeRO-3 (blocks 1-3 gathered again for backward)."""
     from oresearcher.backends.calibration_fsdp_inrun import schedule_groups
     from oresearcher.scenario import load_scenario
-    from oresearcher.sharding import scenario_plan
+    from oresearcher.models.sharding import scenario_plan
 
     sc = load_scenario(Path(__file__).resolve().parents[1] / "scenarios" / "cpu-fsdp.yaml", ["agents.count=2"])
     plan = scenario_plan(sc)

@@ -78,7 +78,7 @@ def test_the_design_documents_command_is_refused_not_run_as_ddp(tmp_path, cli):
 def test_the_flags_a_strategy_uses_pass_the_check(tmp_path, cli, monkeypatch):
     """The same flags with the strategy that reads them get past every check to the launch
     (the stub stops it there)."""
-    from oresearcher import run
+    from oresearcher.backends import run_command as run
 
     reached = []
     monkeypatch.setattr(run, "_launch", lambda scenario, *a: reached.append(scenario) or 0)
@@ -156,11 +156,11 @@ def test_agents_set_on_purpose_with_the_cluster_pass(tmp_path, cli):
 
 
 def test_a_rounded_batch_is_printed(tmp_path, cli):
-    """cpu-tiny's 4 agents with a batch of 6: each takes 2 (synthetic-lm rounds up), 8 a step."""
+    """cpu-tiny's 4 agents with a batch of 6: each takes 1 (every task rounds down), 4 a step."""
     code, out, err = sim(cli, "scenarios/cpu-tiny.yaml", "--out", tmp_path / "o", "--set", "workload.global_batch=6",
                          "--set", "training.steps=1")
     assert code == 0, err
-    assert "workload.global_batch 6 over 4 agents is 2 each: 8 a step (rounded up)" in out
+    assert "workload.global_batch 6 over 4 agents is 1 each: 4 a step (rounded down)" in out
     code, out, err = sim(cli, "scenarios/cpu-tiny.yaml", "--out", tmp_path / "p", "--set", "training.steps=1")
     assert code == 0 and "note: workload.global_batch" not in out  # 16 over 4 splits evenly
 
@@ -257,7 +257,7 @@ def test_compare_names_the_default_profiles_and_how_to_calibrate(tmp_path, cli):
     pred, meas = _compare_reports(tmp_path, {"device": "cpu-local", "intra_node": "loopback", "profile_files": []})
     code, out, err = cli(compare_main, [pred, meas])
     assert code == 0, err
-    assert "prediction priced with shipped profiles cpu-local, loopback (sim/profiles), not this host's" in out
+    assert "prediction priced with shipped profiles cpu-local, loopback (oresearcher/hardware/profiles), not this host's" in out
     assert "python -m oresearcher.calibrate --backend=gloo --scenario scenarios/local-gloo.yaml" in out
     assert "then predict with runs/local-gloo/profile.yaml" in out
 
@@ -349,13 +349,13 @@ def test_the_numeric_estimate_by_hand(monkeypatch):
     from oresearcher.errors import UserError
     from oresearcher.scenario import load_scenario
     from oresearcher.sim import numeric_cost as nc
-    from oresearcher.workloads import measure_lm
+    from oresearcher.models.workloads import measure_lm
 
     sc = load_scenario("scenarios/cpu-tiny.yaml", ["training.steps=3"])
     one = measure_lm("gpt-tiny", 4, 64, "fp32", False).step_flops  # 16 sequences over 4 agents
     assert nc.numeric_flops(sc) == 4 * 3 * one
     rate = nc.host_rate("fp32")
-    assert rate == _pytest.approx(5.0e10 * 0.3)  # sim/profiles/cpu-local.yaml: peak x efficiency
+    assert rate == _pytest.approx(5.0e10 * 0.3)  # oresearcher/hardware/profiles/cpu-local.yaml: peak x efficiency
     assert nc.numeric_note(sc) is None  # well under WARN_S
     steps = int(2 * nc.WARN_S * rate / (4 * one)) + 1  # about twice WARN_S
     assert nc.numeric_note(load_scenario("scenarios/cpu-tiny.yaml", [f"training.steps={steps}"])).startswith("note:")
@@ -388,18 +388,21 @@ from hypothesis import given, settings, strategies as st  # noqa: E402
 @settings(max_examples=60, deadline=None)
 @given(batch=st.integers(1, 5000), agents=st.integers(1, 1024), lm=st.booleans())
 def test_batch_note_is_silent_exactly_when_the_shares_add_up(batch, agents, lm):
+    """Every task splits the global batch the same way (rounded down, at least one), so the
+    simulator prices distillation and training on the batch training takes."""
     from types import SimpleNamespace
 
-    from oresearcher.tasks import batch_note, per_agent_batch
+    from oresearcher.models.workloads import per_rank_batch
+    from oresearcher.tasks import batch_note
 
     sc = SimpleNamespace(workload=SimpleNamespace(global_batch=batch, task="synthetic-lm" if lm else "digits"),
                          agents=SimpleNamespace(count=agents), world_size=agents)
-    per = per_agent_batch(sc)
+    per = per_rank_batch(sc)
     assert per >= 1
-    if lm:  # rounded up: never fewer samples than asked, less than one more per agent
-        assert batch <= per * agents < batch + agents
-    elif batch >= agents:  # rounded down: never more than asked, less than one fewer per agent
+    if batch >= agents:  # rounded down: never more than asked, less than one fewer per agent
         assert batch - agents < per * agents <= batch
+    else:
+        assert per == 1
     note = batch_note(sc)
     assert (note is None) == (per * agents == batch)
     if note:

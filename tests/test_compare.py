@@ -3,7 +3,8 @@ import json
 
 import pytest
 
-from oresearcher.compare import NOTE, main, mismatch
+from oresearcher.compare import main
+from oresearcher.reporting.compare import NOTE, mismatch
 from oresearcher.errors import cli_main
 
 

@@ -7,7 +7,8 @@ import math
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from oresearcher.compare import HEADLINE, main
+from oresearcher.compare import main
+from oresearcher.reporting.compare import HEADLINE
 from oresearcher.errors import cli_main
 
 

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from oresearcher.convergence import (CHINCHILLA, Efficiency, ScalingLaw, first_at_or_below, fit_data_term, floor,
+from oresearcher.models.convergence import (CHINCHILLA, Efficiency, ScalingLaw, first_at_or_below, fit_data_term, floor,
                                      loss, multiplier, smooth, tokens_to_loss)
 from oresearcher.errors import UserError
 from oresearcher.scenario import load_scenario

@@ -1,10 +1,10 @@
-"""oresearcher.datacache: the cached arrays are the built ones, and a bad cache never
+"""oresearcher.tasks.datacache: the cached arrays are the built ones, and a bad cache never
 costs more than a rebuild."""
 import numpy as np
 import pytest
 import torch
 
-from oresearcher.datacache import cached_arrays
+from oresearcher.tasks.datacache import cached_arrays
 
 
 def _counting_build(calls):

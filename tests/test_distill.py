@@ -1,4 +1,4 @@
-"""Distillation into one model (oresearcher.cooperation.distill) and the export (oresearcher.export).
+"""Distillation into one model (oresearcher.cooperation.distill) and the export (oresearcher.tasks.export).
 
 The loss by hand; the phase in the reference interpreter (every rank ends with the same
 student, data split over ranks) and priced by the simulator; the export reloads bit for
@@ -14,7 +14,8 @@ import torch.nn.functional as F
 
 from oresearcher.cooperation.distill import kd_loss
 from oresearcher.errors import UserError, cli_main
-from oresearcher.export import load_model, main as export_main, save_model
+from oresearcher.export import main as export_main
+from oresearcher.tasks.export import load_model, save_model
 from oresearcher.programs import AgentContext, get_program
 from oresearcher.scenario import load_scenario
 from oresearcher.tasks import make_learner

@@ -1,4 +1,4 @@
-"""Divergence (oresearcher.divergence): a non-finite loss, gradient or parameter on one rank
+"""Divergence (oresearcher.programs.divergence): a non-finite loss, gradient or parameter on one rank
 is caught before it is shared, in every data-parallel strategy and the cooperative program,
 on the reference interpreter; policy stop ends in one line naming rank and step, skip
 leaves the rank out and restores it, and nothing healthy left is a clear stop."""
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from oresearcher import divergence as D
+from oresearcher.programs import divergence as D
 from oresearcher.errors import UserError
 from oresearcher.programs import AgentContext, get_program
 from oresearcher.scenario import load_scenario

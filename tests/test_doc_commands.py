@@ -84,7 +84,7 @@ def test_the_pages_show_commands_of_both_kinds():
 def _parse_and_load(cli: str, argv: list[str]) -> None:
     if cli == "sim":
         from oresearcher.scenario import load_scenario
-        from oresearcher.scenario_files import find_scenario
+        from oresearcher.scenario.shipped import find_scenario
         from oresearcher.sim.__main__ import check_flags, parse_args
 
         args = parse_args(argv)
@@ -98,7 +98,7 @@ def _parse_and_load(cli: str, argv: list[str]) -> None:
         for value in (values.split(",") if args.sweep else [None]):
             load_scenario(path, sets + ([f"{field}={value}"] if value is not None else []))
     else:
-        from oresearcher.run import build_parser, load
+        from oresearcher.backends.run_flags import build_parser, load
 
         load(build_parser().parse_args(argv))
 

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from oresearcher.errors import UserError, cli_main
-from oresearcher.export import load_model, main as export_main, save_model
+from oresearcher.export import main as export_main
+from oresearcher.tasks.export import load_model, save_model
 from oresearcher.tasks.digits import PREPROCESSING, build_model
 
 

@@ -7,7 +7,7 @@ import torch
 
 from oresearcher import ops as O
 from oresearcher.programs import _PROGRAMS, get_program
-from oresearcher.programs.learner import Learner, ShapeLearner
+from oresearcher.models.learner import Learner, ShapeLearner
 from oresearcher.scenario import load_scenario
 from oresearcher.tasks import TASKS, make_learner
 

@@ -8,7 +8,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from oresearcher.models import (PRESETS, PUBLISHED_PARAMS, DecoderLM, RMSNorm, _causal_attention,
                                 _RMSNormFn, build_model, lm_loss)
-from oresearcher.workloads import measure_module
+from oresearcher.models.workloads import measure_module
 
 
 def n_params(model):

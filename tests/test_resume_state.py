@@ -18,7 +18,7 @@ from oresearcher.programs import AgentContext, get_program
 from oresearcher.programs.cooperative import GroupState, LoopState
 from oresearcher.scenario import load_scenario
 from oresearcher.tasks import make_learner
-from oresearcher.tasks.digits import ShuffledBatches
+from oresearcher.tasks.supervised import ShuffledBatches
 from oresearcher.testing import run_programs, tap
 
 DIGITS = Path(__file__).resolve().parents[1] / "scenarios" / "digits-4.yaml"

@@ -1,11 +1,11 @@
-"""Reward terms and the reward-weight schedule (oresearcher.cooperation.rewards)."""
+"""Reward terms and the reward-weight schedule (oresearcher.tasks.rewards)."""
 import math
 
 import pytest
 import torch
 from hypothesis import assume, given, settings, strategies as st
 
-from oresearcher.cooperation.rewards import (SAFETY_RULES, centre_band_safety, count_novelty, finite_safety, loss_coefficients,
+from oresearcher.tasks.rewards import (SAFETY_RULES, centre_band_safety, count_novelty, finite_safety, loss_coefficients,
                                  overconfident_error_safety, ramp, register_safety_rule, reward, scheduled_weights,
                                  shaped_loss, soft_overconfident_error, tv_novelty)
 
@@ -160,7 +160,7 @@ def test_novelty_weight_keeps_the_agent_further_from_its_peers_in_training():
 @given(seed=st.integers(0, 10**6), lam=st.floats(0.05, 2.0))
 @settings(max_examples=40, deadline=None)
 def test_agreement_gradient_points_toward_the_peer_mean(seed, lam):
-    from oresearcher.cooperation.rewards import agreement_loss
+    from oresearcher.tasks.rewards import agreement_loss
 
     g = torch.Generator().manual_seed(seed)
     z = torch.randn(4, 5, generator=g, dtype=torch.float64)
@@ -199,7 +199,7 @@ def test_peer_terms_by_name():
 
 
 def test_agreement_weight_ramps_up_to_its_value():
-    from oresearcher.cooperation.rewards import agreement_weight
+    from oresearcher.tasks.rewards import agreement_weight
 
     assert agreement_weight(0.5, 0.0, "cosine") == 0.0
     assert agreement_weight(0.5, 1.0, "cosine") == pytest.approx(0.5)

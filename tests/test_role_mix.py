@@ -1,4 +1,4 @@
-"""--num_agents keeps a scenario's role mix (oresearcher.role_mix): the README's multi-node
+"""--num_agents keeps a scenario's role mix (oresearcher.scenario.role_mix): the README's multi-node
 command (8xA100.yaml, 3/3/2 roles, on 16 agents) loads, and the rescaled counts always add
 up to the new count with each role within one of its exact share."""
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 
 from hypothesis import given, strategies as st
 
-from oresearcher import role_mix
-from oresearcher.run import build_parser, load
+from oresearcher.scenario import role_mix
+from oresearcher.backends.run_flags import build_parser, load
 
 REPO = Path(__file__).resolve().parents[1]
 counts = st.integers(0, 50)

@@ -8,7 +8,7 @@ from hypothesis import given, settings, strategies as st
 from torch import nn
 
 from oresearcher.cooperation import roles as R
-from oresearcher.programs.learner import TorchLearner
+from oresearcher.models.learner import TorchLearner
 
 
 def test_initial_roles_follow_the_mix_and_always_have_a_validator():

@@ -2,7 +2,7 @@
 from pathlib import Path
 
 from oresearcher.errors import cli_main
-from oresearcher.scenario_files import find_scenario, shipped_scenarios
+from oresearcher.scenario.shipped import find_scenario, shipped_scenarios
 from oresearcher.sim.__main__ import main as sim_main
 
 

@@ -15,6 +15,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from oresearcher import scenario as S
+from oresearcher import yamlsafe
 from oresearcher.errors import UserError, cli_main
 from oresearcher.run import main as run_main
 from oresearcher.sim.__main__ import main as sim_main
@@ -290,7 +291,7 @@ docs = st.recursive(leaf, lambda c: st.lists(c, max_size=4) | st.dictionaries(
 def test_random_documents_load_or_raise_user_error(doc):
     text = yaml.safe_dump(doc)
     try:
-        data = S.yamlsafe.parse(text, "doc")
+        data = yamlsafe.parse(text, "doc")
         S.validate(data if data is not None else {}, "doc")
     except UserError as e:
         assert "\n" not in str(e) and len(str(e)) < 1000
@@ -300,7 +301,7 @@ def test_random_documents_load_or_raise_user_error(doc):
 @given(st.text(max_size=300))
 def test_random_text_parses_or_raises_user_error(text):
     try:
-        data = S.yamlsafe.parse(text, "doc")
+        data = yamlsafe.parse(text, "doc")
         if isinstance(data, dict):
             S.validate(data, "doc")
     except UserError as e:

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from oresearcher.scenario_types import MAX_SEED, MAX_WORLD
+from oresearcher.scenario.types import MAX_SEED, MAX_WORLD
 from oresearcher.seeds import LARGE, RANK, SMALL, STREAM, derive, name_salt
 
 seeds = st.integers(0, MAX_SEED)

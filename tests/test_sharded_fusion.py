@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from oresearcher import ops as O
 from oresearcher.cooperation.fusion import fuse, group_weights
 from oresearcher.cooperation.sharded_fusion import fuse_sharded, partial_sq_distances, weights_from_sq_distances
-from oresearcher.sharding import shard_groups
+from oresearcher.models.sharding import shard_groups
 from oresearcher.testing import run_programs
 
 

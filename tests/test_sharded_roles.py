@@ -14,9 +14,9 @@ from oresearcher.cooperation import roles as R
 from oresearcher.cooperation.sharded_roles import OnBatch, RoleStep, agent_roles, noise_generator
 from oresearcher.errors import UserError, cli_main
 from oresearcher.programs.fsdp import FusionRound, Schedule
-from oresearcher.programs.learner import TorchLearner
+from oresearcher.models.learner import TorchLearner
 from oresearcher.scenario import load_scenario
-from oresearcher.sharding import ShardPlan, Unit, shard_groups
+from oresearcher.models.sharding import ShardPlan, Unit, shard_groups
 from oresearcher.sim.__main__ import main as sim_main
 from oresearcher.sim.engine import Engine
 from oresearcher.testing import run_programs

@@ -2,7 +2,7 @@
 import pytest
 from hypothesis import given, strategies as st
 
-from oresearcher import wire
+from oresearcher.codecs import wire
 
 
 def test_ring_formulas_by_hand():

@@ -7,7 +7,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from oresearcher.models import PRESETS, build_model, lm_loss
-from oresearcher.workloads import (DDP_FIRST_BUCKET_BYTES, _meta_lm_trace,
+from oresearcher.models.workloads import (DDP_FIRST_BUCKET_BYTES, _meta_lm_trace,
                                    bucket_sizes, measure_lm, measure_module)
 
 SMALL = ["gpt-tiny", "llama-tiny", "gpt-small-cpu"]

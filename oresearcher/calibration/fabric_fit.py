@@ -1,5 +1,5 @@
 """Fitting the fabric: call overhead, base and per-hop latency and bandwidth from timed
-collectives (least squares over the ring model of :mod:`oresearcher.wire`), and how a fit
+collectives (least squares over the ring model of :mod:`oresearcher.codecs.wire`), and how a fit
 scales to what a training run sees."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..wire import ring_terms
+from ..codecs.wire import ring_terms
 
 GB = 10**9
 US = 1e-6

@@ -9,7 +9,7 @@ import time
 
 import yaml
 
-from ..sim.hardware import JITTER_CV_MAX
+from ..hardware import JITTER_CV_MAX
 
 from ..errors import UserError
 from .fabric_fit import GB, US, FabricFit
@@ -140,7 +140,7 @@ def device_doc(name: str, m: Measurement, memory_bytes: float, jitter: bool = Fa
         "host_overhead_us": m.host_overhead_s / US,
         **({"compute_jitter_cv": cv} if cv > 0 else {}),
         **({"compute_jitter_rho": rho} if rho > 0 else {}),
-        **({"streams": False} if m.backend == "gloo" else {}),  # CPU ranks (sim/hardware.py)
+        **({"streams": False} if m.backend == "gloo" else {}),  # CPU ranks (oresearcher/hardware/__init__.py)
         # the fsdp schedule's host costs (programs/fsdp_costs.py, backends/calibration_fsdp.py)
         **({"pass_flops_per_s": passes} if (passes := pass_rate(m, jitter)) else {}),
         **({"memory_bandwidth_GBps": m.copy_Bps / GB} if m.copy_Bps else {}),
@@ -165,7 +165,7 @@ def fabric_doc(name: str, fit: FabricFit, backend: str = "gloo") -> dict:
         "base_latency_us": fit.base_latency_s / US,
         "hop_latency_us": fit.hop_latency_s / US,
         "call_overhead_us": fit.call_overhead_s / US,
-        **({"reduce_scatter": "all_reduce"} if backend == "gloo" else {}),  # sim/hardware.py, FabricProfile
+        **({"reduce_scatter": "all_reduce"} if backend == "gloo" else {}),  # oresearcher/hardware/__init__.py, FabricProfile
     }
 
 def profile_text(device: dict, fabric: dict, m: Measurement, errors: list[dict]) -> str:
@@ -243,13 +243,20 @@ def _fsdp_step_lines(device: dict, m: Measurement) -> list[str]:
     ]
 
 
+def profile_fields(rates: dict) -> dict:
+    """The device profile's roofline fields for measured ``rates`` (peak = the measured
+    matmul rate, so its achievable fraction is 1)."""
+    return {"memory_bandwidth_GBps": rates["memory_bandwidth_Bps"] / 1e9, "memory_efficiency": 1.0,
+            "launch_us": rates["launch_s"] * 1e6,
+            "achievable": {"matmul": 1.0, "attention": min(1.0, rates["attention_flops"] / rates["matmul_flops"]),
+                           "vector": 1.0}}
+
+
 def roofline_doc(device: dict, rates: dict) -> dict:
     """A second device profile, ``<name>-roofline``: the roofline model with this host's
     measured matmul rate (as its peak), attention rate, memory bandwidth and launch cost.
     The flat profile stays the default: its rate is fitted to the calibrated program
     itself; the roofline one predicts other models and batch sizes from first principles."""
-    from oresearcher.backends.device_rates import profile_fields
-
     rate = rates["matmul_flops"]
     return {"kind": "device", "name": device["name"] + "-roofline",
             "peak_flops": {"fp32": rate, "bf16": rate, "fp16": rate}, "efficiency": 1.0,

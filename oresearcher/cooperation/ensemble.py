@@ -37,7 +37,7 @@ import torch.nn.functional as F
 
 from .fusion import HeterogeneousEnsemble
 from ..ops import Broadcast, Compute
-from .rewards import tv_novelty
+from ..tasks.rewards import tv_novelty
 from ..seeds import SMALL, derive
 
 EPS = 1e-12

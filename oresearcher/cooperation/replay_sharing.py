@@ -24,8 +24,8 @@ N explores with epsilon_i = base^(1 + alpha i / (N - 1)), base 0.4, alpha 7;
 :func:`apex_epsilons` orders agents by role (explorers first, then optimizers, then
 validators), so explorers take the largest epsilons.
 
-Supervised tasks use the pool as a shared hard-example pool (:class:`HardExamples`): a
-fraction of every batch is drawn from it, every sample's loss is its priority (fresh
+Supervised tasks use the pool as a shared hard-example pool
+(:class:`oresearcher.tasks.supervised.HardExamples`): a fraction of every batch is drawn from it, every sample's loss is its priority (fresh
 samples join at their loss, replayed ones get their new loss). As in online hard example
 mining (Shrivastava et al., CVPR 2016) the bias toward hard examples is the point, so no
 importance weights are applied there.
@@ -149,46 +149,6 @@ class SharedReplay:
         self.updates_dropped = int(state["updates_dropped"])
         self.pending = [dict(p) for p in state["pending"]]
         self.updates = [(s.numpy(), r.numpy()) for s, r in state["updates"]]
-
-
-class HardExamples:
-    """A supervised (x, y) batch stream that swaps ``fraction`` of each batch for hard
-    examples from the shared pool; :meth:`feedback` takes the batch's per-sample losses."""
-
-    def __init__(self, inner, shared: SharedReplay, fraction: float, seed: int):
-        self.inner, self.shared, self.batch = inner, shared, inner.batch
-        self.hard = int(round(fraction * self.batch))
-        self.g = torch.Generator().manual_seed(seed)
-        self.last = None  # (fresh rows, their x, y, replayed slots or None)
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        x, y = next(self.inner)
-        slots, k = None, len(x)
-        if self.hard and len(self.shared.pool) >= self.hard:
-            slots, rows, _ = self.shared.pool.sample(self.hard, self.g)
-            k = self.batch - self.hard
-            x = torch.cat([x[:k], rows["x"].to(x.device, x.dtype)])
-            y = torch.cat([y[:k], rows["y"].to(y.device)])
-        self.last = (k, x[:k].cpu(), y[:k].cpu(), slots)
-        return x, y
-
-    def feedback(self, losses) -> None:
-        """Per-sample losses of the last batch (fresh rows first): the priorities."""
-        k, x, y, slots = self.last
-        losses = np.asarray(losses, dtype=np.float64)
-        self.shared.insert({"x": x, "y": y}, priorities=losses[:k])
-        if slots is not None:
-            self.shared.update(slots, losses[k:])
-
-    def state_dict(self) -> dict:
-        return {"inner": self.inner.state_dict(), "generator": self.g.get_state()}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.inner.load_state_dict(state["inner"])
-        self.g.set_state(state["generator"])
 
 
 def _concat(parts: list, names: list) -> dict:

@@ -1,7 +1,7 @@
 """Attention-weighted fusion over *sharded* agents, shard by shard (no full copies).
 
 When every agent is an FSDP group of S ranks (agents x S = world; rank a*S + s holds
-shard s of agent a, the layout of :func:`oresearcher.sharding.shard_groups`), a fusion
+shard s of agent a, the layout of :func:`oresearcher.models.sharding.shard_groups`), a fusion
 round (:mod:`oresearcher.cooperation.fusion`) needs every agent's whole parameter vector only for
 the squared distances of the RBF similarity, and those add up over shards:
 

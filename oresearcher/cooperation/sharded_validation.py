@@ -20,16 +20,17 @@ from __future__ import annotations
 import torch
 
 from ..ops import AllGather, Compute, Wait
-from ..scenario_types import MAX_WORLD
+from ..scenario.types import MAX_WORLD
 
 
 def heldout_batch(scenario, shard_index: int, device="cpu") -> torch.Tensor:
     """Held-out batch ``shard_index`` of the scenario's validation set (LongTensor[b, seq + 1])."""
     from ..models import PRESETS
-    from ..tasks.synthetic_lm import TokenStream, micro_batch
+    from ..models.workloads import per_rank_batch
+    from ..tasks.synthetic_lm import TokenStream
 
     w = scenario.workload
-    return next(TokenStream(PRESETS[w.model].vocab_size, micro_batch(scenario), w.seq_len, scenario.seed,
+    return next(TokenStream(PRESETS[w.model].vocab_size, per_rank_batch(scenario), w.seq_len, scenario.seed,
                             MAX_WORLD + shard_index, device=device))
 
 

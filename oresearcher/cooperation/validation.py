@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .rewards import overconfident_error_safety
+from ..tasks.rewards import overconfident_error_safety
 
 
 def validator_slot(roles, rank: int) -> tuple[int, int]:
@@ -68,7 +68,7 @@ def subsample_rows(total: int, size: int, seed: int) -> torch.Tensor:
 def shard_scores(learner, flat: torch.Tensor, arch: str, v: int, count: int, rows=None) -> dict:
     """One agent on validator ``v``'s shard of ``rows`` (default: the whole validation
     split): the keys of ``evaluate_params``."""
-    from ..tasks.digits import expected_calibration_error
+    from ..tasks.supervised import expected_calibration_error
 
     X, y = learner.task_data("val")
     rows = (torch.arange(len(y)) if rows is None else rows)[v::count]

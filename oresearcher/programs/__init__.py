@@ -1,7 +1,7 @@
 """Agent programs and the context they run in.
 
 A program is ``program(ctx, learner) -> generator of ops`` (:data:`ProgramFn`, taking a
-:class:`~oresearcher.programs.learner.Learner` and returning an
+:class:`~oresearcher.models.learner.Learner` and returning an
 :data:`oresearcher.ops.Program`); the same generator runs in the simulator and on
 torch.distributed. :func:`get_program` maps the scenario's
 ``training.strategy`` to one. The cooperative O-Researcher program lives in
@@ -32,7 +32,7 @@ import torch
 
 from ..ops import Program
 from ..scenario import Scenario
-from .learner import Learner
+from ..models.learner import Learner
 from ..seeds import derive
 
 if TYPE_CHECKING:
@@ -43,7 +43,7 @@ _PROGRAMS = {
     "local_sgd": ("oresearcher.programs.data_parallel", "local_sgd"),
     "diloco": ("oresearcher.programs.data_parallel", "diloco"),
     "single": ("oresearcher.programs.data_parallel", "single"),
-    "oresearcher": ("oresearcher.cooperation.distill", "program"),  # cooperative, then distillation (distill.student)
+    "oresearcher": ("oresearcher.programs.distill", "program"),  # cooperative, then distillation (distill.student)
     "fsdp": ("oresearcher.programs.fsdp", "fsdp"),
 }
 
@@ -68,6 +68,7 @@ class AgentContext:
     state: dict = field(default_factory=dict)  # name -> State object the program registered
     boundary: Optional[int] = None  # nominal step of the last resumable StepDone (mark_boundary)
     clock: Optional[Callable[[], float]] = None  # the backend's seconds (sim: simulated); None: no clock
+    profile: object = None  # sim: the device profile (oresearcher.hardware) host work is priced at; else None
     _codec: object = None
 
     def register(self, name: str, obj):

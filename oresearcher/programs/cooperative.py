@@ -19,7 +19,7 @@ is cut into rounds of ``communication.interval`` steps. A round:
 3. Validators evaluate every agent on held-out data (``learner.evaluate_params``) and
    everyone AllGathers a small score tensor (:func:`oresearcher.cooperation.roles.encode_report`).
 4. Every rank computes the same decisions from the same gathered numbers, so no further
-   messages are needed: rewards (:mod:`oresearcher.cooperation.rewards`, scheduled weights),
+   messages are needed: rewards (:mod:`oresearcher.tasks.rewards`, scheduled weights),
    attention fusion weights per architecture group (:mod:`oresearcher.cooperation.fusion`, flagged
    agents get 0), the new roles with their reasons, PBT exploit/explore, the next
    round's local steps. Then each agent sets its own fused (or exploited, or noised)
@@ -54,7 +54,7 @@ import math
 
 import torch
 
-from .. import divergence as D
+from . import divergence as D
 from ..cooperation import ensemble as E
 from ..cooperation import privacy as P
 from ..cooperation import replay_sharing as RS
@@ -63,10 +63,9 @@ from ..cooperation.allocation import AllocationState
 from ..cooperation.budget_round import BudgetRun
 from ..cooperation.fusion import fuse, group_weights
 from ..ops import Compute, StepDone
-from ..seeds import STREAM, derive
 from ..cooperation.outer import OuterNesterov
-from ..cooperation.replay import PrioritizedReplay
-from ..cooperation.rewards import agreement_weight, scheduled_weights
+from ..tasks.rewards import scheduled_weights
+from .cooperative_agent import agent_privacy, agent_replay, configure, current_lr, set_peer_term, validation_budget
 from .cooperative_hosted import hosted_program
 from .cooperative_round import (  # noqa: F401 (GroupState, LoopState, ... importable from here too)
     GroupState, LoopState, _exploit_optimizer_state, _finite_buckets, _gen, _healthy_average, arch_group, arch_ids,
@@ -75,22 +74,13 @@ from .cooperative_round import (  # noqa: F401 (GroupState, LoopState, ... impor
 log = logging.getLogger(__name__)
 
 
-def _set_lr(learner, lr: float) -> None:
-    for g in getattr(getattr(learner, "optimizer", None), "param_groups", ()):
-        g["lr"] = lr
-
-
-def _role_lr(cfg, role: str, lr_mult: float, base_lr: float) -> float:
-    return base_lr * lr_mult * (cfg.roles.explorer_lr_scale if role == "explorer" else 1.0)
-
-
 # ---- the pieces of a round (generators of ops) ----------------------------------------
 
 def train_step(ctx, learner, role, cfg, share_group, share, codec, privacy=None, step=0, timer=None, knob=1.0):
     """One local step of ``role``; gradients averaged over ``share_group`` if ``share``.
     With ``privacy`` every step's gradient is DP-SGD's (oresearcher.cooperation.privacy), noised
     before the codec compresses it. ``training.on_divergence: stop`` checks the loss and
-    gradients first (oresearcher.divergence); skip is the isolation below."""
+    gradients first (oresearcher.programs.divergence); skip is the isolation below."""
     flops = learner.fwd_flops + learner.bwd_flops
     if privacy is not None:
         metrics = yield Compute(P.private_forward_backward, learner, privacy, name="dp_fwd_bwd",
@@ -138,8 +128,8 @@ def cooperative(ctx, learner):
     outer = OuterNesterov(cfg.fusion.outer_lr, cfg.fusion.outer_momentum) if cfg.fusion.outer == "nesterov" else None
     costs = lambda: [step_cost(r, cfg.roles.optimizer_method) for r in st.roles]  # noqa: E731
     swa = ctx.register("swa", R.SWAState())
-    privacy = _privacy(ctx, learner) if cfg.privacy.enabled else None
-    replay = _replay(ctx, learner) if cfg.replay.enabled else None
+    privacy = agent_privacy(ctx, learner) if cfg.privacy.enabled else None
+    replay = agent_replay(ctx, learner) if cfg.replay.enabled else None
     loop = ctx.register("loop", LoopState())
     budget = BudgetRun(ctx, costs) if sc.communication.budget is not None else None  # oresearcher.cooperation.budget
     if cfg.ensemble.train and ctx.numeric and hasattr(learner, "heldout_labels"):  # fitted every round
@@ -158,8 +148,8 @@ def cooperative(ctx, learner):
     for rnd in range(loop.round, len(rounds)):
         st.round = rnd
         role, steps_now = st.roles[rank], loop.steps_now
-        _configure(learner, cfg, role, st.lr_mult[rank], sc)
-        _set_peer_term(learner, cfg.rewards, rnd / len(rounds))  # the progress the last round ended at
+        configure(learner, cfg, role, st.lr_mult[rank], sc)
+        set_peer_term(learner, cfg.rewards, rnd / len(rounds))  # the progress the last round ended at
         my_steps = max(1, steps_now[rank])  # >= 1 so every round ends on a StepDone
         shared_steps = min(max(1, steps_now[i]) for i in members)
         world_steps = min(max(1, x) for x in steps_now)  # replay rounds: every agent takes part
@@ -183,14 +173,14 @@ def cooperative(ctx, learner):
                 yield from RS.share(replay, replay.message_numel)
             if role == "optimizer" and cfg.roles.optimizer_method == "swa":
                 yield Compute(lambda: swa.update(learner.flat_params()), flops=2.0 * learner.numel, name="swa")
-            metrics.update(role=R.ROLE_CODES[role], lr=_current_lr(learner), round=rnd)
+            metrics.update(role=R.ROLE_CODES[role], lr=current_lr(learner), round=rnd)
             if s < my_steps - 1:
                 yield StepDone(step, metrics)
                 step += 1
         progress = (rnd + 1) / len(rounds)
         if budget is not None:
             budget.timer.local_done()
-        val_budget = _validation_budget(sc, learner, st, steps_now, rnd)
+        val_budget = validation_budget(sc, learner, st, steps_now, rnd)
         info, steps_next = yield from _round_end(ctx, learner, st, alloc, outer, swa, ids, pad_to, losses, progress,
                                                  units=n * rounds[rnd + 1] if rnd + 1 < len(rounds) else 0,
                                                  budget=val_budget)
@@ -211,39 +201,6 @@ def cooperative(ctx, learner):
     return getattr(learner, "cooperative_result", None)
 
 
-def _validation_budget(sc, learner, st, steps_now, rnd):
-    """(FLOPs, seed) the validators may spend this round: ``roles.validation_share`` of the
-    round's training FLOPs (every agent's steps x its step's units x this agent's step
-    FLOPs, peers' forwards included); None: score the whole split."""
-    share = sc.cooperation.roles.validation_share
-    if share is None:
-        return None
-    units = sum(max(1, k) * step_cost(r, sc.cooperation.roles.optimizer_method) for k, r in zip(steps_now, st.roles))
-    return share * units * float(learner.fwd_flops + learner.bwd_flops), derive(sc.seed, rnd, 31, prime=STREAM)
-
-
-def _privacy(ctx, learner):
-    """This agent's DP mechanism; q = its batch / its private data (the task's training
-    split unless ``privacy.dataset_size`` says otherwise)."""
-    sc = ctx.scenario
-    batch = getattr(getattr(learner, "batches", None), "batch", None) or math.ceil(
-        sc.workload.global_batch / ctx.world_size)
-    size = sc.cooperation.privacy.dataset_size or getattr(learner, "train_size", None) or batch
-    return ctx.register("privacy", P.from_scenario(sc, ctx.rank, batch, size))
-
-
-def _replay(ctx, learner):
-    """This agent's replica of the shared prioritized pool (oresearcher.cooperation.replay_sharing)."""
-    sc, c = ctx.scenario, ctx.scenario.cooperation.replay
-    batch = getattr(getattr(learner, "batches", None), "batch", 1)
-    spec = getattr(learner, "replay_spec", {})
-    pool = PrioritizedReplay(c.capacity, c.alpha, c.beta_start, beta_steps=sc.training.steps)
-    shared = ctx.register("replay", RS.SharedReplay(pool, spec, ctx.rank, c.quota, c.sync_every * batch))
-    if hasattr(learner, "use_shared_replay"):
-        learner.use_shared_replay(shared)
-    return shared
-
-
 def _resumed(ctx, learner, loop, rounds) -> None:
     """Check a restored position against the backend's; re-apply what lives in the learner."""
     sc = ctx.scenario
@@ -254,25 +211,6 @@ def _resumed(ctx, learner, loop, rounds) -> None:
         learner.set_reward_weights(scheduled_weights(sc.agents.reward_weights, loop.round / len(rounds),
                                                      sc.cooperation.rewards.schedule,
                                                      sc.cooperation.rewards.novelty_boost))
-
-
-def _set_peer_term(learner, rewards, progress: float) -> None:
-    """The shaped loss's peer term and the agreement weight at ``progress``."""
-    if hasattr(learner, "set_peer_term"):
-        learner.set_peer_term(rewards.peer_term, agreement_weight(rewards.agreement_weight, progress,
-                                                                  rewards.schedule))
-
-
-def _current_lr(learner) -> float:
-    groups = getattr(getattr(learner, "optimizer", None), "param_groups", None)
-    return float(groups[0]["lr"]) if groups else float("nan")
-
-
-def _configure(learner, cfg, role, lr_mult, sc) -> None:
-    """Apply a role's knobs to the learner before its local steps."""
-    _set_lr(learner, _role_lr(cfg, role, lr_mult, sc.training.lr))
-    if hasattr(learner, "set_exploration"):
-        learner.set_exploration(cfg.roles.explorer_epsilon_scale if role == "explorer" else 1.0)
 
 
 def _round_end(ctx, learner, st, alloc, outer, swa, ids, pad_to, losses, progress, units, budget=None):

@@ -37,23 +37,13 @@ import gc
 import math
 import statistics
 import time
-from dataclasses import dataclass
 
 import torch
 
 from ..cooperation.scheduler import Scheduler, hosted, keep_stepping, slice_cap
 from ..errors import UserError
-from ..ops import AllGather, Compute, StepDone
+from ..ops import AllGather, Compute, StepDone, Swap
 from .cooperative_round import round_lengths
-
-
-@dataclass(eq=False)
-class Swap(Compute):
-    """Move an agent's state between device and host memory: ``nbytes`` each way it
-    moves. The simulator prices it at the host link (sim/swap.py); real backends run
-    ``fn`` (a real copy) and time it, as any Compute."""
-
-    nbytes: float = 0.0
 
 
 class SliceClock:

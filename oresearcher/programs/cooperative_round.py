@@ -13,7 +13,7 @@ from ..cooperation import ensemble as E
 from ..cooperation import roles as R
 from ..cooperation import validation as V
 from ..cooperation.fusion import HeterogeneousEnsemble
-from ..cooperation.rewards import reward, tv_novelty
+from ..tasks.rewards import reward, tv_novelty
 from ..seeds import RANK, SMALL, STREAM, derive
 from ..ops import AllGather, AllReduce, Compute, Recv, Send
 from .data_parallel import reduce_buckets

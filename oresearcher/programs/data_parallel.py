@@ -20,13 +20,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from ..codecs.collectives import two_phase_allreduce
-from ..divergence import Guard, guard_average, guard_buckets, guard_local
+from .divergence import Guard, guard_average, guard_buckets, guard_local
 from ..ops import AllReduce, Compute, Program, StepDone, Wait
 from ..cooperation.outer import OuterNesterov
 
 if TYPE_CHECKING:
     from . import AgentContext
-    from .learner import Learner
+    from ..models.learner import Learner
 
 
 def _backward_shares(learner, buckets):
@@ -41,7 +41,7 @@ def allreduce_grads(ctx, learner, overlap: bool, guard: Guard | None = None, ste
     With a codec (``communication.codec``) each bucket goes through the two-phase
     compressed all-reduce after backward; compressed exchanges are blocking sequences
     of ops, so they do not overlap backward. With a ``guard``
-    (:mod:`oresearcher.divergence`) the loss and gradients are checked before sharing.
+    (:mod:`oresearcher.programs.divergence`) the loss and gradients are checked before sharing.
     """
     fwd_bwd = learner.forward_backward if guard is None else (lambda: guard.forward_backward(learner))
     metrics = yield Compute(fwd_bwd, flops=learner.fwd_flops, name="forward")
@@ -102,7 +102,7 @@ def ddp(ctx: AgentContext, learner: Learner) -> Program:
 def local_step(learner, ctx=None, guard: Guard | None = None, step: int = 0):
     """One purely local training step: forward+backward then optimizer. With a ``guard``
     a non-finite loss or gradient stops the run or restores the last good state
-    (:func:`oresearcher.divergence.guard_local`) instead of stepping."""
+    (:func:`oresearcher.programs.divergence.guard_local`) instead of stepping."""
     fwd_bwd = learner.forward_backward if guard is None else (lambda: guard.forward_backward(learner))
     metrics = yield Compute(fwd_bwd, flops=learner.fwd_flops + learner.bwd_flops, name="fwd_bwd")
     if guard is not None and (yield from guard_local(ctx, guard, step, metrics, learner)):

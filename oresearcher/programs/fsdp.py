@@ -3,7 +3,7 @@ FSDP2 (``torch.distributed.fsdp.fully_shard``) runs it, per transformer block.
 
 Each rank keeps 1/S of every parameter, gradient and optimizer state (S ranks per shard
 group, ``fsdp.shard_group_size``; Rajbhandari et al. 2020, "ZeRO", stage 3). The schedule
-of one step, per unit of :mod:`oresearcher.sharding` (root = embeddings + final norm +
+of one step, per unit of :mod:`oresearcher.models.sharding` (root = embeddings + final norm +
 LM head, then the blocks):
 
 - forward: all-gather the root and block 1, then before block i computes, issue block
@@ -55,10 +55,10 @@ from ..ops import AllGather, AllReduce, Compute, ReduceScatter, StepDone, Wait
 from ..cooperation.sharded_fusion import fuse_sharded
 from ..cooperation.sharded_roles import OnBatch, RoleStep
 from ..cooperation.sharded_validation import eval_forward, heldout_batch, heldout_loss
-from ..divergence import Guard, guard_sharded, sharded_forward_backward
-from ..sharding import scenario_plan, shard_groups
+from .divergence import Guard, guard_sharded, sharded_forward_backward
+from ..models.sharding import scenario_plan, shard_groups
 from .fsdp_costs import HostCosts
-from .learner import DTYPES
+from ..models.learner import DTYPES
 
 
 def fsdp(ctx, learner):
@@ -95,7 +95,7 @@ def _delegated(ctx, learner):
     fusion = FusionRound.build(ctx)
     role = RoleStep.build(ctx, fusion.shard) if fusion is not None else None
     heldout = None if fusion is None else heldout_batch(ctx.scenario, fusion.shard.index(ctx.rank), ctx.device)
-    guard = Guard.for_context(ctx)  # training.on_divergence (oresearcher.divergence)
+    guard = Guard.for_context(ctx)  # training.on_divergence (oresearcher.programs.divergence)
     for step in range(ctx.start_step, ctx.steps):
         if role is None:
             metrics = yield Compute(sharded_forward_backward, learner, flops=flops, name="fsdp_forward_backward")
@@ -158,7 +158,9 @@ class Schedule:
         if costs is not None:
             return cls(scenario_plan(sc), shard, replicate, sc.fsdp.reshard_after_forward, compute, reduce,
                        False, costs)
-        device = _device(sc)
+        device = getattr(ctx, "profile", None)  # the simulated device: streams, memory bandwidth, dispatch cost
+        if device is None:
+            raise ValueError("an fsdp schedule is priced at a device profile: the simulator sets AgentContext.profile")
         return cls(scenario_plan(sc), shard, replicate, sc.fsdp.reshard_after_forward, compute, reduce,
                    device.streams, HostCosts.of(device, sc.workload.dtype))
 
@@ -281,19 +283,6 @@ class Schedule:
         shard = yield Wait(pending, name="fsdp_wait_reduce")
         reduces.append((yield AllReduce(shard, group=self.replicate, op="avg", async_op=True,
                                         name="hsdp_all_reduce")))
-
-
-_DEVICE = [None, None]  # the last scenario looked up and its device: one lookup per simulation
-
-
-def _device(scenario):
-    """The simulated device profile (sim/hardware.py): its ``streams`` (False on CPU ranks),
-    memory bandwidth and DTensor dispatch cost price the schedule."""
-    if _DEVICE[0] is not scenario:
-        from ..sim.simulate import build_cluster  # the simulator's own lookup; shape mode runs in it
-
-        _DEVICE[:] = [scenario, build_cluster(scenario)[0]]
-    return _DEVICE[1]
 
 
 class FusionRound:

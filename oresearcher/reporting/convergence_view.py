@@ -56,7 +56,7 @@ def lines(c: dict) -> list[str]:
 def beside_lines(c: dict, metrics: dict | None) -> list[str]:
     """A real run's loss curve (its report's ``metrics``: mean over agents, smoothed) beside
     the prediction at a few of its steps: what ``oresearcher.compare`` prints."""
-    from oresearcher import convergence as cv
+    from oresearcher.models import convergence as cv
 
     if "unavailable" in c:
         return [f"loss: {c['unavailable']}"]

@@ -2,17 +2,19 @@
 
     make_learner(scenario, rank, *, mode, device) -> Learner
 
-(see :mod:`oresearcher.programs.learner`). ``mode`` is "shape", "numeric" or "real";
+(see :mod:`oresearcher.models.learner`). ``mode`` is "shape", "numeric" or "real";
 only synthetic-lm supports "shape". New tasks are added to ``TASKS`` and touch nothing
 else.
 """
 from __future__ import annotations
 
 import importlib
+
+from ..models.workloads import per_rank_batch
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ..programs.learner import Learner
+    from ..models.learner import Learner
 
 TASKS = {
     "synthetic-lm": "oresearcher.tasks.synthetic_lm",
@@ -45,25 +47,14 @@ def agent_model(scenario, rank: int, mode: str, models) -> tuple[str, int]:
     arch = archs[rank] if archs else scenario.workload.model
     if arch not in models:
         raise UserError(f"workload.model: {task} has models {', '.join(models)} (got {arch!r})")
-    return arch, per_agent_batch(scenario)
-
-
-def per_agent_batch(scenario) -> int:
-    """Samples each agent takes a step: ``workload.global_batch`` split over the agents, at
-    least one; synthetic-lm rounds the share up (:func:`~.synthetic_lm.micro_batch`), the
-    other tasks down."""
-    if scenario.workload.task == "synthetic-lm":
-        from .synthetic_lm import micro_batch
-
-        return micro_batch(scenario)
-    return max(1, scenario.workload.global_batch // scenario.world_size)
+    return arch, per_rank_batch(scenario)
 
 
 def batch_note(scenario) -> str | None:
     """One line when the agents' shares do not add up to ``workload.global_batch`` (it does
     not split evenly, or there are more agents than samples), else None."""
     asked, agents = scenario.workload.global_batch, scenario.world_size
-    per = per_agent_batch(scenario)
+    per = per_rank_batch(scenario)
     if per * agents == asked:
         return None
     return (f"note: workload.global_batch {asked} over {agents} agents is {per} each: {per * agents:,} a step "

@@ -12,7 +12,7 @@ so every program (ddp, diloco, cooperative) works on them unchanged.
 Reward: the environment's +1 per step unless the cooperative program sets reward
 weights (``set_reward_weights``); then each stored transition carries
 ``w_base * 1 + w_novelty * count_novelty(state) + w_safety * [|x| <= 1.2]`` (the
-multi-objective reward of :mod:`oresearcher.cooperation.rewards` as the return the agent optimises).
+multi-objective reward of :mod:`oresearcher.tasks.rewards` as the return the agent optimises).
 
 Shared prioritized replay (``cooperation.replay``, :mod:`oresearcher.cooperation.replay_sharing`): the
 program hands the learner a replica of the group's pool (``use_shared_replay``); collected
@@ -34,9 +34,9 @@ from torch import nn
 
 from ..errors import UserError
 from . import agent_model
-from ..programs.learner import TorchLearner
-from ..cooperation.rewards import centre_band_safety, count_novelty
-from ..workloads import measure_module
+from ..models.learner import TorchLearner
+from .rewards import centre_band_safety, count_novelty
+from ..models.workloads import measure_module
 from ..seeds import derive, name_salt
 
 MODELS = ("mlp", "mlp-small")

@@ -28,14 +28,14 @@ Reward-shaped loss (cooperative program, ``cooperation.rewards.shape_loss``): af
 fusion round's parameter all-gather the program hands the agent a frozen snapshot of the
 other (healthy) agents' parameters (``set_peers``) and the scheduled reward weights
 (``set_reward_weights``); its local steps then minimise
-:func:`oresearcher.cooperation.rewards.shaped_loss` against the peers' mean prediction on the same
+:func:`oresearcher.tasks.rewards.shaped_loss` against the peers' mean prediction on the same
 batch, with the peer term the program sets (``set_peer_term``). Each peer forward pass is charged: ``fwd_flops`` grows by the measured forward
 FLOPs of each peer's architecture on one batch. No snapshot (first round, one agent,
 shaping off): plain cross-entropy.
 
 Shared hard-example pool (``cooperation.replay``): with ``use_shared_replay`` a quarter of
 every batch comes from the group's prioritized pool
-(:class:`oresearcher.cooperation.replay_sharing.HardExamples`), and each sample's cross-entropy is its
+(:class:`oresearcher.tasks.supervised.HardExamples`), and each sample's cross-entropy is its
 priority.
 
 Usage: ``make_learner(scenario, rank, mode="numeric")``.
@@ -50,12 +50,13 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-from ..datacache import cached_arrays
+from .datacache import cached_arrays
 from ..errors import UserError
 from . import agent_model
-from ..programs.learner import DTYPES, TorchLearner
-from ..cooperation.rewards import overconfident_error_safety, shaped_loss
-from ..workloads import measure_module
+from .supervised import ShuffledBatches, expected_calibration_error
+from ..models.learner import DTYPES, TorchLearner
+from .rewards import overconfident_error_safety, shaped_loss
+from ..models.workloads import measure_module
 from ..seeds import SMALL, derive, name_salt
 
 N_CLASSES = 10
@@ -131,7 +132,7 @@ def load_splits() -> dict:
     from importlib.metadata import version
 
     key = f"digits splits v1; scikit-learn {version('scikit-learn')}; numpy {np.__version__}"
-    arrays = cached_arrays("digits", key, _split_arrays)  # skips importing sklearn (oresearcher.datacache)
+    arrays = cached_arrays("digits", key, _split_arrays)  # skips importing sklearn (oresearcher.tasks.datacache)
     return {s: (torch.from_numpy(arrays[f"{s}_X"]), torch.from_numpy(arrays[f"{s}_y"]))
             for s in ("train", "val", "test")}
 
@@ -146,50 +147,6 @@ def _split_arrays() -> dict:
     X_tr, X_rest, y_tr, y_rest = train_test_split(X, y, test_size=0.4, random_state=0, stratify=y)
     X_val, X_te, y_val, y_te = train_test_split(X_rest, y_rest, test_size=0.5, random_state=0, stratify=y_rest)
     return {"train_X": X_tr, "train_y": y_tr, "val_X": X_val, "val_y": y_val, "test_X": X_te, "test_y": y_te}
-
-
-def expected_calibration_error(probs: torch.Tensor, labels: torch.Tensor, bins: int = 10) -> float:
-    """ECE (Guo et al. 2017): mean |accuracy - confidence| over equal-width confidence
-    bins, weighted by the fraction of samples in each bin. In [0, 1]."""
-    conf, pred = probs.max(-1)
-    correct = (pred == labels).float()
-    edges = torch.linspace(0, 1, bins + 1)
-    ece = torch.zeros(())
-    for lo, hi in zip(edges[:-1], edges[1:]):
-        m = (conf > lo) & (conf <= hi)
-        if m.any():
-            ece += m.float().mean() * (correct[m].mean() - conf[m].mean()).abs()
-    return float(ece)
-
-
-class ShuffledBatches:
-    """Batches of (X, y) in a seeded order, reshuffled every epoch (the tail dropped).
-
-    Resumable: ``state_dict()`` holds the generator's state, the epoch's permutation and
-    the position in it, so a resumed agent draws exactly the batches it would have.
-    """
-
-    def __init__(self, X, y, batch: int, seed: int):
-        self.X, self.y, self.batch = X, y, batch
-        self.g = torch.Generator().manual_seed(seed)
-        self.perm, self.i = None, 0
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        if self.perm is None or self.i + self.batch > len(self.X):
-            self.perm, self.i = torch.randperm(len(self.X), generator=self.g), 0
-        idx = self.perm[self.i:self.i + self.batch]
-        self.i += self.batch
-        return self.X[idx], self.y[idx]
-
-    def state_dict(self) -> dict:
-        return {"generator": self.g.get_state(), "perm": self.perm, "i": self.i}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.g.set_state(state["generator"])
-        self.perm, self.i = state["perm"], int(state["i"])
 
 
 def _loss(module, batch):
@@ -252,7 +209,7 @@ class DigitsLearner(TorchLearner):
         self.reward_weights = None if weights is None else tuple(float(w) for w in weights)
 
     def set_peer_term(self, term: str, agreement: float) -> None:
-        """The shaped loss's peer term (oresearcher.cooperation.rewards.shaped_loss) and the
+        """The shaped loss's peer term (oresearcher.tasks.rewards.shaped_loss) and the
         agreement term's current weight."""
         self.peer_term, self.agreement = term, float(agreement)
 
@@ -322,7 +279,7 @@ class DigitsLearner(TorchLearner):
 
     def use_shared_replay(self, shared) -> None:
         """Draw part of every batch from ``shared`` (a SharedReplay) as hard examples."""
-        from ..cooperation.replay_sharing import HardExamples
+        from .supervised import HardExamples
 
         self.shared_replay = shared
         self.batches = HardExamples(self.batches, shared, self.hard_fraction, seed=derive(shared.rank, 11, prime=SMALL))

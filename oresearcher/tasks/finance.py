@@ -40,10 +40,10 @@ from torch import nn
 
 from ..errors import UserError
 from . import agent_model
-from ..programs.learner import DTYPES, TorchLearner
-from ..workloads import measure_module
+from ..models.learner import DTYPES, TorchLearner
+from ..models.workloads import measure_module
 from . import finance_compliance as C
-from .digits import ShuffledBatches, expected_calibration_error
+from .supervised import ShuffledBatches, expected_calibration_error
 from .finance_data import DATASETS
 from .finance_models import TabularTransformer, VolatilityLSTM
 from ..seeds import derive, name_salt

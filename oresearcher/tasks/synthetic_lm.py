@@ -10,23 +10,16 @@ on every backend. :mod:`oresearcher.tasks.token_stream` generates it without a l
 position and, on CUDA, prefetches it in a background thread.
 
 In shape mode the learner is a :class:`ShapeLearner` with the FLOPs and parameter sizes
-measured by :func:`oresearcher.workloads.measure_lm` on the meta device.
+measured by :func:`oresearcher.models.workloads.measure_lm` on the meta device.
 """
 from __future__ import annotations
-
-import math
 
 import torch
 
 from ..models import PRESETS, build_model, lm_loss
-from ..programs.learner import DTYPES, ShapeLearner, TorchLearner
-from ..workloads import measure_lm
+from ..models.learner import DTYPES, ShapeLearner, TorchLearner
+from ..models.workloads import measure_lm, per_rank_batch
 from .token_stream import NOISE, Prefetcher, TokenStream  # noqa: F401  (TokenStream: public here too)
-
-
-def micro_batch(scenario) -> int:
-    """Samples per agent per step: the global batch split over the agents."""
-    return max(1, math.ceil(scenario.workload.global_batch / scenario.agents.count))
 
 
 def token_stream(vocab: int, batch: int, seq_len: int, seed: int, rank: int, noise: float = NOISE) -> TokenStream:
@@ -50,7 +43,7 @@ def make_learner(scenario, rank: int, *, mode: str, device="cpu"):
     w, comm = scenario.workload, scenario.communication
     if w.model not in PRESETS:
         raise ValueError(f"workload.model: unknown model preset {w.model!r}; known: {', '.join(PRESETS)}")
-    mb = micro_batch(scenario)
+    mb = per_rank_batch(scenario)
     cost = measure_lm(w.model, mb, w.seq_len, w.dtype, w.activation_checkpointing)
     if mode == "shape":
         return ShapeLearner(cost.param_numels, cost.fwd_flops, cost.bwd_flops, DTYPES[w.dtype],

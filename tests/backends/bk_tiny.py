@@ -11,7 +11,7 @@ import time
 import torch
 from torch import nn
 
-from oresearcher.programs.learner import TorchLearner
+from oresearcher.models.learner import TorchLearner
 
 
 def _batches(rank: int, seed: int, device):

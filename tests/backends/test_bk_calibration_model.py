@@ -12,7 +12,7 @@ from oresearcher import ops as O
 from oresearcher.backends.calibration import _OpLog, merge_inrun
 from oresearcher.calibrate import (FabricFit, compute_rate, device_doc, inrun_factor, jitter_fit, op_jitter_cv,
                                    own_slowness, pooled_cv, scaled)
-from oresearcher.sim.hardware import DeviceProfile
+from oresearcher.hardware import DeviceProfile
 
 FIT = FabricFit(call_overhead_s=20e-6, base_latency_s=100e-6, hop_latency_s=10e-6, bandwidth_Bps=1e9)
 

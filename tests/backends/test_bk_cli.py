@@ -79,7 +79,7 @@ def test_killed_rank_stops_the_run_and_the_run_resumes(tmp_path, child_env):
 
 
 def test_calibrate_writes_a_profile_the_simulator_loads(tmp_path, child_env):
-    from oresearcher.sim.hardware import load_profile_file
+    from oresearcher.hardware import load_profile_file
 
     sc = write_scenario(tmp_path / "s.yaml")
     prof = tmp_path / "p.yaml"

@@ -240,7 +240,7 @@ def reference_sharded_agents(world, size, interval, steps, roles, seed_of_noise,
     ``fsdp.replicas: fusion`` and ``agents.roles`` must reproduce."""
     from oresearcher.cooperation.fusion import fuse, group_weights
     from oresearcher.cooperation.roles import assign_roles, difficulty, param_noise
-    from oresearcher.scenario_types import MAX_WORLD
+    from oresearcher.scenario.types import MAX_WORLD
 
     data = yaml.safe_load(SCENARIO.read_text())
     w, t, f = data["workload"], data["training"], {"temperature": 0.1, "similarity_weight": 0.5}

@@ -11,7 +11,7 @@ from bk_helpers import REPO
 def test_calibrate_measures_the_fsdp_host_costs(tmp_path, child_env):
     from oresearcher.programs.fsdp_costs import HostCosts
     from oresearcher.scenario import load_scenario
-    from oresearcher.sim.hardware import load_profile_file
+    from oresearcher.hardware import load_profile_file
     from oresearcher.sim.simulate import simulate
 
     prof = tmp_path / "p.yaml"
@@ -43,7 +43,7 @@ def test_calibrate_on_the_fsdp_program_times_its_own_step(tmp_path, child_env):
     """Calibrating the fsdp scenario itself: FSDP2's collectives, timed inside the step,
     are the in-run rows the fabric is scaled to, and the constants are scaled to the
     step's own pieces (backends/calibration_fsdp_inrun.py)."""
-    from oresearcher.sim.hardware import load_profile_file
+    from oresearcher.hardware import load_profile_file
 
     prof = tmp_path / "p.yaml"
     sets = ["--set", "agents.count=2", "--set", "workload.global_batch=4"]

@@ -116,7 +116,7 @@ BAD_PROGRAMS = {  # op -> words every interpreter's ProgramError holds
 @pytest.mark.parametrize("case", BAD_PROGRAMS, ids=list(BAD_PROGRAMS))
 def test_the_same_mistake_is_the_same_error_in_every_interpreter(world1, case):
     from oresearcher.sim.engine import Engine
-    from oresearcher.sim.hardware import DeviceProfile, FabricProfile
+    from oresearcher.hardware import DeviceProfile, FabricProfile
     from oresearcher.sim.topology import build_topology
     from oresearcher.testing import run_programs
 

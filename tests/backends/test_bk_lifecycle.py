@@ -19,7 +19,8 @@ from bk_helpers import write_scenario
 from oresearcher.backends import checkpoint as ckpt
 from oresearcher.backends import launcher, rundir
 from oresearcher.errors import UserError, cli_main
-from oresearcher.run import main, save_scenario
+from oresearcher.backends.run_flags import save_scenario
+from oresearcher.run import main
 from oresearcher.scenario import load_scenario
 
 STEPS = (3, 7, 11)

@@ -10,11 +10,11 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from oresearcher.backends import checkpoint as ckpt
-from oresearcher.wire import wire_bytes
+from oresearcher.codecs.wire import wire_bytes
 from oresearcher.backends.launcher import describe_exit, from_environ, rank_env
 from oresearcher.backends.telemetry import step_scalars
 from oresearcher.calibrate import FabricFit, device_doc, fabric_doc, fit_fabric, fit_errors, profile_text, ring_terms
-from oresearcher.compare import compare, relative_error, worst_headline
+from oresearcher.reporting.compare import compare, relative_error, worst_headline
 
 
 
@@ -200,7 +200,7 @@ def test_fit_with_one_kind_puts_latency_in_the_base():
 
 
 def test_profile_text_is_loaded_by_the_simulator(tmp_path):
-    from oresearcher.sim.hardware import load_profile_file
+    from oresearcher.hardware import load_profile_file
 
     m = {"backend": "gloo", "world_size": 2, "flops_per_step": 2e9, "compute_step_s": 0.1,
          "host_overhead_s": 5e-6, "dtype": "fp32"}

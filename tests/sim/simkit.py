@@ -3,7 +3,7 @@ import torch
 
 from oresearcher import ops as O
 from oresearcher.sim.engine import Engine
-from oresearcher.sim.hardware import DeviceProfile, FabricProfile
+from oresearcher.hardware import DeviceProfile, FabricProfile
 from oresearcher.sim.topology import build_topology
 
 # A made-up fabric with round numbers so golden times can be derived by hand.

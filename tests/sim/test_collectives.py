@@ -6,7 +6,7 @@ from hypothesis import given, settings, strategies as st
 from oresearcher import ops as O
 from oresearcher.sim import collectives as C
 from oresearcher.sim.bench import collective_bench
-from oresearcher.sim.hardware import builtin_profiles
+from oresearcher.hardware import builtin_profiles
 from oresearcher.sim.topology import build_topology
 
 from simkit import DEVICE, meta, time_one, topo

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from oresearcher import convergence as cv
+from oresearcher.models import convergence as cv
 from oresearcher.scenario import load_scenario
 from oresearcher.sim import convergence as sc_mod
 from oresearcher.sim.__main__ import main

@@ -9,7 +9,7 @@ import pytest
 
 from oresearcher import ops as O
 from oresearcher.errors import UserError
-from oresearcher.fault_spec import FaultsSpec
+from oresearcher.scenario.faults import FaultsSpec
 from oresearcher.reporting.report import Timeline
 from oresearcher.scenario import load_scenario
 from oresearcher.sim import faults as F

@@ -5,7 +5,7 @@ as a backstop for any other way a run stops getting ahead, more random failures 
 import pytest
 
 from oresearcher.errors import UserError, cli_main
-from oresearcher.fault_spec import FaultsSpec
+from oresearcher.scenario.faults import FaultsSpec
 from oresearcher.sim.__main__ import main
 from oresearcher.sim.faults import MAX_FAILURES, FaultPlan
 

@@ -9,10 +9,10 @@ import torch
 
 from oresearcher import ops as O
 from oresearcher.programs.fsdp import FusionRound, Schedule
-from oresearcher.sharding import ShardPlan, Unit, shard_groups, shard_plan
+from oresearcher.models.sharding import ShardPlan, Unit, shard_groups, shard_plan
 from oresearcher.sim.engine import Engine
 from oresearcher.sim.memory import estimate_fsdp_memory
-from oresearcher.workloads import measure_lm
+from oresearcher.models.workloads import measure_lm
 from simkit import DEVICE, meta, time_one, topo
 
 GB = 10**9
@@ -179,16 +179,16 @@ def test_sharded_agents_fuse_one_shard_per_peer_and_share_no_gradients():
 def test_cpu_and_gloo_profiles_say_what_fsdp2_and_gloo_do():
     from oresearcher.calibration.fabric_fit import FabricFit
     from oresearcher.calibration.profiles import device_doc, fabric_doc
-    from oresearcher.programs.fsdp import _device
+    from oresearcher.sim.simulate import build_cluster
     from oresearcher.scenario import load_scenario
-    from oresearcher.sim.hardware import builtin_profiles
+    from oresearcher.hardware import builtin_profiles
 
     cat = builtin_profiles()
     assert cat[("device", "cpu-local")].streams is False and cat[("device", "A100-SXM4-80GB")].streams
     assert cat[("fabric", "loopback")].reduce_scatter == "all_reduce"
     assert cat[("fabric", "nvswitch-a100")].reduce_scatter == "native"
-    assert not _device(load_scenario("scenarios/cpu-fsdp.yaml")).streams
-    assert _device(load_scenario("scenarios/8xA100-llama7b-fsdp.yaml")).streams
+    assert not build_cluster(load_scenario("scenarios/cpu-fsdp.yaml"))[0].streams
+    assert build_cluster(load_scenario("scenarios/8xA100-llama7b-fsdp.yaml"))[0].streams
     m = {"backend": "gloo", "host_overhead_s": 1e-6, "compute_step_s": 0.1, "flops_per_step": 1e9}
     fit = FabricFit(1e-5, 1e-4, 1e-5, 1e9)
     assert device_doc("d", m, 1e9)["streams"] is False and fabric_doc("f", fit, "gloo")["reduce_scatter"] == "all_reduce"
@@ -206,7 +206,7 @@ def test_cpu_fsdp_scenario_exposes_all_its_communication():
     assert report["exposed_comm_time_s"] == pytest.approx(report["comm_time_s"], rel=1e-9)
     gpu, _ = simulate(load_scenario("scenarios/cpu-fsdp.yaml", ["training.steps=2", "cluster.device=A100-SXM4-80GB"]))
     assert gpu["exposed_comm_time_s"] < 0.9 * gpu["comm_time_s"]  # with streams the gathers overlap
-    from oresearcher.sharding import scenario_plan
+    from oresearcher.models.sharding import scenario_plan
 
     sc = load_scenario("scenarios/cpu-fsdp.yaml")
     units = [4 * u.padded_numel(4) for u in scenario_plan(sc).units]  # fp32 bytes, 4 ranks

@@ -14,9 +14,9 @@ from oresearcher import ops as O
 from oresearcher.calibration.profiles import device_doc, pass_rate
 from oresearcher.programs.fsdp import Schedule
 from oresearcher.programs.fsdp_costs import HostCosts, gather_copy_bytes, reduce_copy_bytes
-from oresearcher.sharding import ShardPlan, Unit, shard_groups
+from oresearcher.models.sharding import ShardPlan, Unit, shard_groups
 from oresearcher.sim.engine import Engine
-from oresearcher.sim.hardware import DeviceProfile
+from oresearcher.hardware import DeviceProfile
 from simkit import DEVICE, topo
 
 BLOCK = 2 * 10**7

@@ -3,7 +3,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from oresearcher.sim.memory import bytes_per_param, estimate_memory, format_bytes
-from oresearcher.workloads import LMCost, measure_lm
+from oresearcher.models.workloads import LMCost, measure_lm
 
 GB = 10**9
 

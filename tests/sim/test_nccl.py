@@ -1,6 +1,6 @@
 """NCCL's protocol model: golden values derived by hand, its bounds, and the published curves.
 
-Constants below are those of sim/profiles/nvswitch-a100.yaml (NCCL 2.8's tuning.cc plus the
+Constants below are those of oresearcher/hardware/profiles/nvswitch-a100.yaml (NCCL 2.8's tuning.cc plus the
 measured ones named there); a test that reads them from the profile says so.
 """
 from pathlib import Path
@@ -13,7 +13,7 @@ from oresearcher.sim import collectives as C
 from oresearcher.sim import nccl as N
 from oresearcher.sim.bench import REFERENCES, reference_check
 from oresearcher.sim.engine import Engine
-from oresearcher.sim.hardware import builtin_profiles
+from oresearcher.hardware import builtin_profiles
 from oresearcher.sim.topology import build_topology
 
 from simkit import DEVICE, meta

@@ -7,7 +7,7 @@ from hypothesis import given, settings, strategies as st
 
 from oresearcher.scenario import load_scenario
 from oresearcher.sim import collectives as C
-from oresearcher.sim.hardware import builtin_profiles
+from oresearcher.hardware import builtin_profiles
 from oresearcher.sim.simulate import build_cluster
 from oresearcher.sim.topology import build_topology
 

@@ -1,7 +1,7 @@
 """NVLS (NVLink SHARP) all-reduce on NVSwitch-3 fabrics: golden values by hand, where NCCL runs
 it, its bandwidth bound, and the published H100 curve.
 
-Constants are those of sim/profiles/nvswitch-h100.yaml: port 450 GB/s x 0.824 = 370.8 GB/s,
+Constants are those of oresearcher/hardware/profiles/nvswitch-h100.yaml: port 450 GB/s x 0.824 = 370.8 GB/s,
 16 NVLS channels, tuner latency 25 us, kernel overhead 7.7 us; NCCL's 5/6 NVLS derating and its
 chunk ladder live in sim/nccl.py.
 """
@@ -16,7 +16,7 @@ from oresearcher.sim import collectives as C
 from oresearcher.sim import nccl as N
 from oresearcher.sim.bench import bus_factor, collective_bench, read_reference, reference_check
 from oresearcher.sim.engine import Engine
-from oresearcher.sim.hardware import builtin_profiles
+from oresearcher.hardware import builtin_profiles
 from oresearcher.sim.topology import build_topology
 
 from simkit import DEVICE, meta

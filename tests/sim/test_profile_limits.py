@@ -10,7 +10,7 @@ from hypothesis import given, settings, strategies as st
 
 from oresearcher.errors import UserError, cli_main
 from oresearcher.sim.__main__ import main
-from oresearcher.sim.hardware import load_profile_file
+from oresearcher.hardware import load_profile_file
 from oresearcher.yamlsafe import MAX_BYTES
 
 DEVICE = {"kind": "device", "name": "dev-x", "peak_flops": "{fp32: 1.0e+10}", "efficiency": "0.5",
@@ -89,7 +89,7 @@ def test_each_field_is_accepted_exactly_inside_its_documented_range(tmp_path_fac
 
 
 def test_the_shipped_profiles_still_load():
-    from oresearcher.sim.hardware import builtin_profiles
+    from oresearcher.hardware import builtin_profiles
 
     assert len(builtin_profiles()) >= 10
 

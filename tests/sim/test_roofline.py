@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from oresearcher.errors import UserError
-from oresearcher.op_trace import KernelOp, KernelRecorder, optimizer_ops, pass_ops
-from oresearcher.workloads import measure_lm
-from oresearcher.sim.hardware import DeviceProfile, builtin_profiles, lookup
+from oresearcher.models.op_trace import KernelOp, KernelRecorder, optimizer_ops, pass_ops
+from oresearcher.models.workloads import measure_lm
+from oresearcher.hardware import DeviceProfile, builtin_profiles, lookup
 from oresearcher.sim.roofline import CAUSAL_SHARE, Roofline, RooflinePricing, StepPrice, price_lm_step
 
 ROOF = Roofline(matmul_flops=100e12, attention_flops=50e12, vector_flops=10e12, bandwidth=1e12, launch_s=5e-6)
@@ -45,7 +45,7 @@ def test_traced_flops_equal_the_flop_counter(model, ckpt):
 
 
 def test_batch_extrapolation_equals_a_direct_trace():
-    from oresearcher.op_trace import _pass_ops
+    from oresearcher.models.op_trace import _pass_ops
 
     direct = _pass_ops("gpt-tiny", 3, 16, "fp32", False)
     assert [(o.name, o.flops, o.bytes) for o in pass_ops("gpt-tiny", 3, 16, "fp32", False)] == \
@@ -110,7 +110,7 @@ def test_cpu_roofline_predicts_a_measured_step():
     5 rounds. The target is 15%; on this shared 2-core host (load average ~9) three runs
     gave +3/-4%, +13/-13% and +19/-9% (gpt-tiny/gpt-small-cpu) with single rounds from
     -33% to +84%, so the bound asserted is 35%."""
-    from oresearcher.roofline_check import CASES, check
+    from oresearcher.backends.roofline_check import CASES, check
 
     torch.set_num_threads(1)
     for model, mb, t in CASES:
@@ -120,7 +120,7 @@ def test_cpu_roofline_predicts_a_measured_step():
 
 def test_calibrate_writes_a_loadable_roofline_profile():
     from oresearcher.calibrate import roofline_doc
-    from oresearcher.sim.hardware import _parse
+    from oresearcher.hardware import _parse
 
     flat = {"kind": "device", "name": "cpu-calibrated", "peak_flops": {"fp32": 2e10}, "efficiency": 1.0,
             "memory_bytes": 8e9, "host_overhead_us": 4.0}

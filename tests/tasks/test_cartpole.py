@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from oresearcher.errors import UserError
-from oresearcher.cooperation.rewards import count_novelty
+from oresearcher.tasks.rewards import count_novelty
 from oresearcher.scenario import Scenario
 from oresearcher.tasks import make_learner
 from oresearcher.tasks.cartpole import GAMMA, SAFE_BAND, Replay, greedy_episode, state_bin

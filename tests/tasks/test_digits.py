@@ -8,8 +8,9 @@ from torch.utils.flop_counter import FlopCounterMode
 from oresearcher.errors import UserError
 from oresearcher.scenario import Scenario
 from oresearcher.tasks import make_learner
-from oresearcher.cooperation.rewards import shaped_loss
-from oresearcher.tasks.digits import MODELS, build_model, expected_calibration_error, load_splits
+from oresearcher.tasks.rewards import shaped_loss
+from oresearcher.tasks.digits import MODELS, build_model, load_splits
+from oresearcher.tasks.supervised import expected_calibration_error
 
 
 def _scenario(**workload):

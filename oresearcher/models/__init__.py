@@ -12,7 +12,7 @@ One compact module covers the two families the simulator needs:
   optional grouped-query attention (Ainslie et al. 2023) with ``n_kv_head < n_head``.
 
 Build a preset with ``build_model(name, device="meta")``: on the meta device even the 70B
-model costs no memory, and ``oresearcher.workloads`` measures its FLOPs and saved
+model costs no memory, and ``oresearcher.models.workloads`` measures its FLOPs and saved
 activations with torch. ``model(tokens[B, T]) -> logits[B, T, V]``;
 ``lm_loss(logits, targets)`` is the next-token cross-entropy.
 

@@ -25,8 +25,8 @@ from typing import Annotated, Literal, Optional
 
 from pydantic import Field, model_validator
 
-from .scenario_types import MAX_WORLD, Float, Int
-from .scenario_types import Strict as _Strict
+from .types import MAX_WORLD, Float, Int
+from .types import Strict as _Strict
 
 MAX_TIME_S = 1e9  # ~32 years of simulated time
 Seconds = Annotated[Float, Field(ge=0, le=MAX_TIME_S)]

@@ -7,7 +7,7 @@ launches a kernel it records:
 
 - ``flops``: FlopCounterMode's own formula for the op (``torch.utils.flop_counter.
   flop_registry``: matmuls, convolutions, attention; elementwise ops count 0), so the
-  total equals what :mod:`oresearcher.workloads` counts;
+  total equals what :mod:`oresearcher.models.workloads` counts;
 - ``bytes``: every tensor the op reads (its tensor arguments) plus every tensor it
   writes (its outputs; an in-place op's output is its first argument, written back),
   at their element sizes. Caches are not modelled: each op streams its operands once;
@@ -21,7 +21,7 @@ launches a kernel it records:
 Views, detach, empty allocations and host scalar reads launch no kernel and are skipped.
 
 Mixed precision (fp32 master weights, bf16 compute via autocast; see
-``oresearcher.programs.learner``): autocast does not act on meta tensors, so the pass
+``oresearcher.models.learner``): autocast does not act on meta tensors, so the pass
 is traced on a model built in the compute dtype, and the casts autocast adds are added
 by hand: each weight cast to bf16 once per forward (and once more per recompute with
 checkpointing: read 4 + write 2 bytes per parameter) and each bf16 gradient cast back to
@@ -42,7 +42,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 
-from .models import PRESETS, build_model, lm_loss
+from . import PRESETS, build_model, lm_loss
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 NO_KERNEL = {"detach", "lift_fresh", "alias", "_unsafe_view", "empty", "empty_like", "empty_strided",

@@ -13,7 +13,7 @@ gradients after its backward. This module says how big each unit is and what it 
 - FLOPs: ``FlopCounterMode`` over one forward *and* backward of the real module on the
   meta device attributes every FLOP to the module that ran it (its module tracker sees
   backward too). The root gets the rest (LM head forward and backward). Measured at
-  micro batch 1 and scaled linearly, as :mod:`oresearcher.workloads` does; checkpointing's
+  micro batch 1 and scaled linearly, as :mod:`oresearcher.models.workloads` does; checkpointing's
   recompute FLOPs (measured there) are shared equally by the identical blocks.
 
 Vocabulary: *unit* (a group of parameters FSDP gathers and reduces together), *shard
@@ -29,8 +29,8 @@ from dataclasses import dataclass
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from .models import build_model, lm_loss
-from .workloads import DTYPES, measure_lm
+from . import build_model, lm_loss
+from .workloads import DTYPES, measure_lm, per_rank_batch
 
 
 @dataclass(frozen=True)
@@ -115,10 +115,9 @@ def shard_plan(name: str, micro_batch: int, seq_len: int, dtype: str = "bf16",
 
 def scenario_plan(scenario) -> ShardPlan:
     """The plan of a synthetic-lm scenario (its micro batch is the global batch per agent)."""
-    from .tasks.synthetic_lm import micro_batch
 
     w = scenario.workload
-    return shard_plan(w.model, micro_batch(scenario), w.seq_len, w.dtype, w.activation_checkpointing)
+    return shard_plan(w.model, per_rank_batch(scenario), w.seq_len, w.dtype, w.activation_checkpointing)
 
 
 def shard_groups(rank: int, world_size: int, group_size: int) -> tuple[tuple, tuple]:

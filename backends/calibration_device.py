@@ -35,6 +35,7 @@ import torch
 import yaml
 
 from oresearcher.backends import device_rates
+from oresearcher.calibration.profiles import profile_fields
 
 log = logging.getLogger("oresearcher.calibrate")
 US = 1e-6
@@ -85,7 +86,7 @@ def device_docs(name: str, m: dict) -> list[dict]:
     flat = {"kind": "device", "name": name, "peak_flops": peak, "efficiency": 1.0,
             "memory_bytes": m["memory_bytes"], "host_overhead_us": m["host_overhead_s"] / US}
     roof = {**flat, "name": name + "-roofline", "compute_model": "roofline",
-            "foreach_optimizer": bool(m["foreach_optimizer"]), **device_rates.profile_fields(m)}
+            "foreach_optimizer": bool(m["foreach_optimizer"]), **profile_fields(m)}
     return [flat, roof]
 
 
@@ -115,13 +116,13 @@ def write_device_profile(path: Path, name: str, m: dict) -> None:
 def calibrate_device(scenario, out: Path, name: str, device="cpu", repeats: int = 9) -> dict:
     """Measure ``device`` at the scenario's language-model shapes and write the profiles."""
     from oresearcher.errors import UserError
-    from oresearcher.tasks.synthetic_lm import micro_batch
+    from oresearcher.models.workloads import per_rank_batch
 
     w = scenario.workload
     if w.task != "synthetic-lm":
         raise UserError(f"one-device calibration measures language-model shapes; workload.task is {w.task!r} "
                         "(use workload.task=synthetic-lm)")
-    m = measure_device(w.model, micro_batch(scenario), w.seq_len, w.dtype, device, repeats)
+    m = measure_device(w.model, per_rank_batch(scenario), w.seq_len, w.dtype, device, repeats)
     write_device_profile(Path(out), name, m)
     return m
 

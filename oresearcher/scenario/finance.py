@@ -6,7 +6,7 @@ from typing import Literal, Optional
 
 from pydantic import Field, model_validator
 
-from ..scenario_types import Float, Name, Strict
+from .types import Float, Name, Strict
 
 
 class ComplianceRuleSpec(Strict):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-_PACKAGE = Path(__file__).resolve().parent
+_PACKAGE = Path(__file__).resolve().parents[1]  # oresearcher/
 SHIPPED_DIRS = (_PACKAGE / "scenarios", _PACKAGE.parent / "scenarios")
 
 

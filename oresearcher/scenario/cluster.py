@@ -1,9 +1,9 @@
 """The ``cluster`` section of a scenario, and its device and fabric names checked against
 the hardware profiles at load time.
 
-Profiles are the YAML documents of ``sim/profiles/`` plus the scenario's
+Profiles are the YAML documents of ``oresearcher/hardware/profiles/`` plus the scenario's
 ``cluster.profile_files`` (for instance what ``python -m oresearcher.calibrate`` wrote),
-looked up as the simulator looks them up (:func:`oresearcher.sim.hardware.lookup`; a
+looked up as the simulator looks them up (:func:`oresearcher.hardware.lookup`; a
 device name may end in ``:roofline`` or ``:flat``). :func:`check_profiles` runs in
 :func:`oresearcher.scenario.load_scenario`, so a misspelt ``cluster.device`` or fabric
 fails in ``python -m oresearcher.sim`` and ``python -m oresearcher.run`` alike, before
@@ -17,14 +17,14 @@ from typing import Annotated, Optional
 
 from pydantic import Field, model_validator
 
-from .scenario_network import NetworkSpec
-from .scenario_types import MAX_WORLD, Int, Name, Strict
+from .network import NetworkSpec
+from .types import MAX_WORLD, Int, Name, Strict
 
 
 class ClusterSpec(Strict):
     nodes: Int = Field(1, ge=1, le=4096, description="number of nodes")
     gpus_per_node: Int = Field(8, ge=1, le=64, description="accelerators (or CPU ranks) per node")
-    device: Name = Field("A100-SXM4-80GB", description="device profile name (sim/profiles or "
+    device: Name = Field("A100-SXM4-80GB", description="device profile name (oresearcher/hardware/profiles or "
                          "profile_files; NAME:roofline or NAME:flat picks the compute model)")
     intra_node: Name = Field("nvswitch-a100", description="fabric profile inside a node")
     inter_node: Optional[Name] = Field(None, description="fabric profile between nodes (NICs + switch)")
@@ -47,7 +47,7 @@ class ClusterSpec(Strict):
         if self.nodes > 1 and not self.inter_node:
             raise ValueError("a cluster with more than one node needs cluster.inter_node")
         if self.network is not None:
-            from .sim.tiers import check_tiers
+            from ..hardware.tiers import check_tiers
 
             why = check_tiers(self.network.kind, self.network.tiers, self.nodes)
             if why:
@@ -61,7 +61,7 @@ def check_profiles(cluster: ClusterSpec, source: str, base_dir: Path) -> None:
     wrong). A listed profile file that is not there is left to the simulator, which
     reports it, and a name it could hold is not judged: the saved copy of a run
     (``runs/.../scenario.yaml``) keeps the relative paths of the scenario it came from."""
-    from .sim.hardware import add_profiles, builtin_profiles, load_profile_file, lookup
+    from ..hardware import add_profiles, builtin_profiles, load_profile_file, lookup
 
     cat, missing = dict(builtin_profiles()), False
     for f in cluster.profile_files:

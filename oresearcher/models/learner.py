@@ -15,7 +15,7 @@ tasks may add more, e.g. ``evaluate_params`` for fusion):
 - :class:`ShapeLearner` has only sizes and FLOP counts (shape mode): its buckets are
   meta tensors, so a 70B model costs nothing to simulate.
 
-Gradient buckets follow torch DDP (:func:`oresearcher.workloads.bucket_sizes`):
+Gradient buckets follow torch DDP (:func:`oresearcher.models.workloads.bucket_sizes`):
 parameters in reverse registration order, a 1 MiB first bucket, then buckets of
 ``bucket_bytes`` (Li et al., "PyTorch Distributed", VLDB 2020, section 3.2.3).
 """
@@ -26,7 +26,7 @@ from typing import Callable, Iterator, Protocol, Sequence, runtime_checkable
 import torch
 from torch import nn
 
-from ..workloads import DTYPES, bucket_sizes  # noqa: F401 (DTYPES: importable from here too)
+from .workloads import DTYPES, bucket_sizes  # noqa: F401 (DTYPES: importable from here too)
 
 
 @runtime_checkable
@@ -99,7 +99,7 @@ class TorchLearner:
 
     ``loss_fn(module, batch) -> scalar loss``; ``batches`` yields batches forever.
     ``step_flops`` is what the simulator charges per forward+backward; measure it with
-    ``oresearcher.workloads`` (torch.utils.flop_counter), never by hand.
+    ``oresearcher.models.workloads`` (torch.utils.flop_counter), never by hand.
 
     Mixed precision (``autocast_dtype`` bf16/fp16, the module in fp32): the forward runs
     under ``torch.autocast``, the parameters, gradients and optimizer state stay fp32

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .errors import UserError, short
+from ..errors import UserError, short
 
 FREE = ("training.steps", "training.checkpoint_every", "training.eval_every")
 # the checkpoints hold these: tensors of one model in one dtype with one optimizer, for so many ranks

@@ -1,6 +1,6 @@
 """The roofline model against a measured training step on this CPU (the CPU check).
 
-    OMP_NUM_THREADS=1 python -m oresearcher.roofline_check            # gpt-tiny and gpt-small-cpu
+    OMP_NUM_THREADS=1 python -m oresearcher.backends.roofline_check            # gpt-tiny and gpt-small-cpu
 
 Each round measures this device's rates (:mod:`oresearcher.backends.device_rates`, as
 ``oresearcher.calibrate`` does) and, right after, a few real steps of the preset
@@ -20,8 +20,8 @@ CASES = (("gpt-tiny", 4, 64), ("gpt-small-cpu", 2, 128))
 
 
 def cpu_profile(rates: dict):
-    from oresearcher.backends.device_rates import profile_fields
-    from oresearcher.sim.hardware import DeviceProfile
+    from oresearcher.calibration.profiles import profile_fields
+    from oresearcher.hardware import DeviceProfile
 
     return DeviceProfile(name="cpu-measured", peak_flops={"fp32": rates["matmul_flops"]}, efficiency=1.0,
                          memory_bytes=8e9, host_overhead_us=0.0, compute_model="roofline",

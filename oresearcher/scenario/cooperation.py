@@ -7,7 +7,7 @@ from typing import Annotated, Literal, Optional
 
 from pydantic import Field, model_validator
 
-from ..scenario_types import MAX_STEPS, Float, Int, Name, Strict
+from .types import MAX_STEPS, Float, Int, Name, Strict
 
 Mult = Annotated[Float, Field(ge=1e-3, le=1e3)]  # a multiplier of a hyperparameter (ratio)
 
@@ -63,7 +63,7 @@ class FusionSpec(Strict):
 
 
 class RewardSpec(Strict):
-    """Multi-objective reward schedule (oresearcher.cooperation.rewards)."""
+    """Multi-objective reward schedule (oresearcher.tasks.rewards)."""
 
     schedule: Literal["constant", "linear", "cosine"] = Field("cosine", description="novelty-weight schedule")
     novelty_boost: Float = Field(0.5, ge=0, le=1, description="novelty weight is x(1+b) at the start, x(1-b) at the end")

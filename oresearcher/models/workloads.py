@@ -269,3 +269,10 @@ def bucket_sizes(param_numels: Sequence[int], bucket_bytes: int, element_size: i
     if numel_in_bucket:
         buckets.append(numel_in_bucket)
     return buckets
+
+
+def per_rank_batch(scenario) -> int:
+    """Samples each agent (rank) takes a step: ``workload.global_batch`` split over the
+    agents, rounded down, at least one. Training, the simulator's price of a step and
+    distillation all take this one split."""
+    return max(1, scenario.workload.global_batch // scenario.agents.count)

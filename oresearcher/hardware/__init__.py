@@ -1,6 +1,6 @@
 """Hardware profiles: devices (compute, memory) and fabrics (links, protocol costs).
 
-Profiles are YAML data files (``sim/profiles/*.yaml``, one profile per document; a file
+Profiles are YAML data files (``oresearcher/hardware/profiles/*.yaml``, one profile per document; a file
 may hold several documents, as ``oresearcher.calibrate`` writes). Numbers in files carry
 their unit in the field name; :func:`DeviceProfile` / :func:`FabricProfile` expose them
 converted once to seconds, bytes and bytes/s.

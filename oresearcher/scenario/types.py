@@ -30,7 +30,7 @@ Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME)]
 
 
 def _codec_spec(v):
-    from .codecs.spec import parse  # the codec library is the one authority on spec strings (imports torch)
+    from ..codecs.spec import parse  # the codec library is the one authority on spec strings (imports torch)
 
     if isinstance(v, str) and len(v) > 200:
         raise ValueError("a codec spec is at most 200 characters")
@@ -38,7 +38,7 @@ def _codec_spec(v):
 
 
 if TYPE_CHECKING:
-    from .codecs.spec import CodecSpec as CodecField
+    from ..codecs.spec import CodecSpec as CodecField
 else:  # parsed once, here: a CodecSpec inside, its text in dumps (reports, saved scenarios)
     CodecField = Annotated[Any, PlainValidator(_codec_spec), PlainSerializer(str, return_type=str)]
 

@@ -37,8 +37,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .errors import UserError
-from .ops import AllReduce, Compute
+from ..errors import UserError
+from ..ops import AllReduce, Compute
 
 log = logging.getLogger(__name__)
 

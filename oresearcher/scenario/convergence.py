@@ -18,8 +18,8 @@ from typing import Optional
 
 from pydantic import Field
 
-from .convergence import CHINCHILLA, ScalingLaw
-from .scenario_types import MAX_STEPS, Float, Int, Name, Strict
+from ..models.convergence import CHINCHILLA, ScalingLaw
+from .types import MAX_STEPS, Float, Int, Name, Strict
 
 
 class LawSpec(Strict):

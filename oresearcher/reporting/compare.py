@@ -1,0 +1,143 @@
+"""Prediction beside measurement, figure by figure: reading and checking two report.json
+files, the relative errors, and the table (the command is :mod:`oresearcher.compare`).
+
+In flight and exposed are defined in :mod:`oresearcher.reporting.report`. On a real run
+exposed can exceed in flight: a collective is in flight from its issue until the wire
+work completes, while the rank is blocked from the issue until it holds the result, which
+includes the host work around it (copying the payload in, gloo's averaging division,
+unpacking gathered tensors). Waiting for slower peers is in both.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from ..errors import UserError, short
+
+FIGURES = (
+    ("step_time_s", "step time", "s"),
+    ("compute_time_s", "compute time", "s"),
+    ("comm_time_s", "comm in flight (issue to completion)", "s"),
+    ("exposed_comm_time_s", "exposed comm (rank blocked)", "s"),
+    ("comm_overhead", "communication overhead", "%"),
+    ("wire_bytes_per_step", "bytes on the wire per rank", "B"),
+)
+HEADLINE = ("step_time_s", "comm_overhead")
+
+
+def read_report(path: str | Path) -> dict:
+    p = Path(path)
+    if p.is_dir():
+        p = p / "report.json"
+    if not p.is_file():
+        raise UserError(f"{path}: no report.json there")
+    try:
+        report = json.loads(p.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"{p}: not a JSON report ({short(str(e), 120)})") from None
+    except RecursionError:
+        raise UserError(f"{p}: not a report: JSON nested too deeply") from None
+    if not isinstance(report, dict):
+        raise UserError(f"{p}: not a report: a JSON {type(report).__name__}, not an object")
+    missing = [k for k, _, _ in FIGURES if k not in report]
+    if missing:
+        raise UserError(f"{p}: not a report: missing {', '.join(missing)}")
+    for k, _, _ in FIGURES:  # a NaN or a negative time would pass or fail a --max-error gate silently
+        v = report[k]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            raise UserError(f"{p}: {k} is {short(v, 60)}; a report's figures are finite numbers >= 0")
+    for key, kind in (("scenario", dict), ("world_size", int)):
+        if report.get(key) is not None and (not isinstance(report[key], kind) or isinstance(report[key], bool)):
+            raise UserError(f"{p}: {key} is {short(report[key], 60)}; expected a {kind.__name__}")
+    training = (report.get("scenario") or {}).get("training")
+    if training is not None and not isinstance(training, dict):
+        raise UserError(f"{p}: scenario.training is {short(training, 60)}; expected a mapping")
+    return report
+
+
+MISMATCH = (("scenario", lambda r: (r.get("scenario") or {}).get("name")),
+            ("strategy", lambda r: ((r.get("scenario") or {}).get("training") or {}).get("strategy")),
+            ("rank count", lambda r: r.get("world_size")))
+NOTE = "exposed: rank blocked, incl. host work on the result; in flight: issue to done"  # < 80 columns
+
+
+def mismatch(predicted: dict, measured: dict) -> str | None:
+    """What makes two reports incomparable (scenario name, strategy, rank count), or None.
+    A figure a report does not record is not held against it."""
+    for what, get in MISMATCH:
+        a, b = get(predicted), get(measured)
+        if a is not None and b is not None and a != b:
+            return f"{what} {a} against {b}"
+    return None
+
+
+def relative_error(predicted: float, measured: float):
+    """(predicted - measured) / measured; None when nothing was measured."""
+    if predicted is None or measured is None or measured == 0:
+        return None
+    return (predicted - measured) / measured
+
+
+def compare(predicted: dict, measured: dict) -> list[dict]:
+    """One row per figure: key, label, predicted, measured, error."""
+    return [{"key": k, "label": label, "unit": unit, "predicted": predicted.get(k), "measured": measured.get(k),
+             "error": relative_error(predicted.get(k), measured.get(k))} for k, label, unit in FIGURES]
+
+
+def fmt(value, unit: str) -> str:
+    if value is None:
+        return "-"
+    if unit == "%":
+        return f"{100 * value:.2f}%"
+    if unit == "s":
+        return f"{1e3 * value:,.3f} ms"
+    return f"{value / 1e6:,.3f} MB"
+
+
+def worst_headline(rows: list[dict]) -> float:
+    errs = [abs(r["error"]) for r in rows if r["key"] in HEADLINE and r["error"] is not None]
+    return max(errs, default=0.0)
+
+
+def profile_lines(predicted: dict, measured: dict) -> list[str]:
+    """Which hardware profiles the prediction priced the run with (the report's saved
+    ``cluster``) and, when they are the shipped ones (``oresearcher/hardware/profiles``: published or rough
+    figures, not this machine), the command that measures this machine instead. An
+    uncalibrated prediction of a CPU run can be off by a factor; the table alone does not
+    say whether the model or its inputs are wrong."""
+    from ..hardware import builtin_profiles
+
+    cluster = (predicted.get("scenario") or {}).get("cluster")
+    if not isinstance(cluster, dict) or predicted.get("backend") != "sim":
+        return []
+    shipped = dict(builtin_profiles())
+    named = [("device", str(cluster.get("device") or "").partition(":")[0]),
+             ("fabric", str(cluster.get("intra_node") or ""))]
+    if cluster.get("inter_node"):
+        named.append(("fabric", str(cluster["inter_node"])))
+    files = cluster.get("profile_files") or []
+    default = [n for kind, n in named if (kind, n) in shipped]
+    names = ", ".join(n[:60] for _, n in named)
+    if not default:
+        return [f"prediction priced with profiles {names} from {', '.join(map(str, files))[:120]}"]
+    name = str((predicted.get("scenario") or {}).get("name", "S"))[:64]
+    backend = measured.get("backend") if measured.get("backend") in ("gloo", "nccl") else "gloo"
+    return [f"prediction priced with shipped profiles {names} (oresearcher/hardware/profiles), not this host's",
+            f"calibrate: python -m oresearcher.calibrate --backend={backend} --scenario scenarios/{name}.yaml",
+            f"then predict with runs/{name}/profile.yaml (docs/calibration.md, 'The chain')"]
+
+
+def print_table(rows: list[dict], title: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=title, header_style="bold")
+    for col in ("per step (mean over ranks)", "predicted", "measured", "error"):
+        t.add_column(col, justify="right" if col != "per step (mean over ranks)" else "left")
+    for r in rows:
+        err = "-" if r["error"] is None else f"{r['error']:+.1%}"
+        t.add_row(r["label"], fmt(r["predicted"], r["unit"]), fmt(r["measured"], r["unit"]), err)
+    console = Console()
+    console.print(t)
+    console.print(NOTE, highlight=False)

@@ -1,0 +1,138 @@
+"""The exported model: safetensors weights plus a small JSON, loaded by one function.
+
+    python -m oresearcher.run --backend=gloo --scenario scenarios/digits-hetero.yaml --export runs/digits-hetero/model
+    python -m oresearcher.export runs/digits-hetero/model      # check it and say what it is
+
+    from oresearcher.tasks.export import load_model
+    model, meta = load_model("runs/digits-hetero/model")       # an nn.Module in eval mode
+    probs = model(x).softmax(-1)                               # x preprocessed as meta["preprocessing"] says
+
+A directory holds ``model.safetensors`` (the student's state dict; safetensors holds only
+tensors and a JSON header, so loading runs no code -- nothing is pickled) and
+``model.json``:
+
+    {"format": "oresearcher-model/1", "task": "digits", "architecture": "mlp",
+     "preprocessing": {...}, "n_classes": 10, "weights_sha256": "...", "metrics": {...}, "scenario": "..."}
+
+:func:`load_model` refuses, with one line naming the file and the problem
+(:class:`oresearcher.errors.UserError`), a directory without both files, JSON that does
+not parse or lacks a field, an unknown format, task or architecture, weights whose
+SHA-256 is not the recorded one (tampering, truncation), tensors that do not match the
+architecture's names, shapes and dtypes exactly, and an ``n_classes`` the weights' head
+contradicts. Weights reload bit for bit.
+"""
+from __future__ import annotations
+
+import importlib
+import json
+from pathlib import Path
+
+import torch
+
+from ..errors import UserError, short
+from ..files import sha256_file
+
+FORMAT = "oresearcher-model/1"
+WEIGHTS, META = "model.safetensors", "model.json"
+MAX_META_BYTES = 1 << 20
+FIELDS = {"format": str, "task": str, "architecture": str, "preprocessing": dict, "n_classes": int,
+          "weights_sha256": str}
+
+
+def save_model(directory, module: torch.nn.Module, *, task: str, architecture: str, preprocessing: dict,
+               n_classes: int, metrics: dict | None = None, scenario: str = "") -> Path:
+    """Write ``module``'s weights and the JSON into ``directory`` (created); returns it."""
+    from safetensors.torch import save_file
+
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in module.state_dict().items()}
+    tmp = out / (WEIGHTS + ".tmp")
+    save_file(tensors, str(tmp), metadata={"format": FORMAT})
+    tmp.replace(out / WEIGHTS)
+    meta = {"format": FORMAT, "task": task, "architecture": architecture, "preprocessing": preprocessing,
+            "n_classes": int(n_classes), "weights_sha256": sha256_file(out / WEIGHTS),
+            "metrics": {k: float(v) for k, v in (metrics or {}).items() if isinstance(v, (int, float))},
+            "scenario": scenario}
+    (out / META).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    return out
+
+
+def read_meta(directory) -> dict:
+    """The checked ``model.json`` of ``directory`` (UserError on any problem)."""
+    path = Path(directory) / META
+    if not path.is_file():
+        raise UserError(f"{path}: no such file (not an exported model directory)")
+    raw = path.read_bytes()
+    if len(raw) > MAX_META_BYTES:
+        raise UserError(f"{path}: {len(raw)} bytes; a model description is at most {MAX_META_BYTES}")
+    try:
+        meta = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UserError(f"{path}: not valid JSON ({short(str(e))})") from None
+    except RecursionError:
+        raise UserError(f"{path}: not a model description: JSON nested too deeply") from None
+    if not isinstance(meta, dict):
+        raise UserError(f"{path}: expected a JSON object")
+    for key, kind in FIELDS.items():
+        if not isinstance(meta.get(key), kind) or isinstance(meta.get(key), bool):
+            raise UserError(f"{path}: field {key!r} missing or not a {kind.__name__}")
+    if meta["format"] != FORMAT:
+        raise UserError(f"{path}: format {short(meta['format'])}, expected {FORMAT}")
+    from . import TASKS, model_names
+
+    if meta["task"] not in TASKS:
+        raise UserError(f"{path}: unknown task {short(meta['task'])}")
+    if meta["architecture"] not in model_names(meta["task"]):
+        raise UserError(f"{path}: unknown architecture {short(meta['architecture'])} for task {meta['task']}")
+    return meta
+
+
+def load_model(directory) -> tuple[torch.nn.Module, dict]:
+    """(module in eval mode on the CPU, its description) from an exported directory.
+
+    The one documented way to load an export; refuses anything malformed or tampered
+    with a :class:`~oresearcher.errors.UserError` of one line.
+    """
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    from . import TASKS
+
+    meta = read_meta(directory)
+    weights = Path(directory) / WEIGHTS
+    if not weights.is_file():
+        raise UserError(f"{weights}: no such file")
+    if sha256_file(weights) != meta["weights_sha256"]:
+        raise UserError(f"{weights}: SHA-256 differs from the one in {META} (modified or damaged); refusing it")
+    try:
+        tensors = load_file(str(weights))
+    except (SafetensorError, OSError, ValueError) as e:
+        raise UserError(f"{weights}: not a safetensors file ({short(str(e))})") from None
+    task = importlib.import_module(TASKS[meta["task"]])
+    with torch.random.fork_rng(devices=[]):  # building the module draws init weights, all replaced
+        module = task.build_model(meta["architecture"])
+    want = module.state_dict()
+    if set(tensors) != set(want):
+        extra, missing = sorted(set(tensors) - set(want)), sorted(set(want) - set(tensors))
+        raise UserError(f"{weights}: tensors do not match {meta['architecture']} "
+                        f"(unexpected {short(str(extra[:3]))}, missing {short(str(missing[:3]))})")
+    for name, t in tensors.items():
+        if t.shape != want[name].shape or t.dtype != want[name].dtype:
+            raise UserError(f"{weights}: tensor {name} is {tuple(t.shape)} {t.dtype}, "
+                            f"{meta['architecture']} needs {tuple(want[name].shape)} {want[name].dtype}")
+    module.load_state_dict(tensors, strict=True)
+    classes = _classes(task, module)
+    if classes is not None and meta["n_classes"] != classes:  # the description must say what the weights are
+        raise UserError(f"{Path(directory) / META}: n_classes is {meta['n_classes']}, but the weights' "
+                        f"{meta['architecture']} head has {classes} outputs")
+    return module.eval(), meta
+
+
+def _classes(task, module: torch.nn.Module):
+    """How many classes the model predicts: the task's N_CLASSES, else its last linear layer's outputs."""
+    n = getattr(task, "N_CLASSES", None)
+    if isinstance(n, int):
+        return n
+    heads = [m for m in module.modules() if isinstance(m, torch.nn.Linear)]
+    return heads[-1].out_features if heads else None
