@@ -31,6 +31,7 @@ from pathlib import Path
 
 import yaml
 
+from .cooperation.deploy import exportable, report_lines
 from .reporting.console import print_report
 from .errors import UserError
 from . import resume, role_mix
@@ -134,8 +135,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=_pos_int, help="intra-op threads per rank (default 1, or OMP_NUM_THREADS)")
     p.add_argument("--learner", metavar="MODULE:FN",
                    help="build learners with FN(scenario, rank, mode=, device=) instead of the task registry")
-    p.add_argument("--export", metavar="DIR", help="after training and distillation (the scenario's "
-                   "distill.student), save the student as safetensors + JSON in DIR (oresearcher.export)")
+    p.add_argument("--export", metavar="DIR", help="after cooperative training, save the deployed model as "
+                   "safetensors + JSON in DIR (oresearcher.export): the distilled student (distill.student), else "
+                   "the fused agents, one directory per architecture in a heterogeneous run")
     p.add_argument("--log-level", default=None, help="logging level (default INFO on rank 0, WARNING elsewhere)")
     return p
 
@@ -276,9 +278,8 @@ def main(argv=None) -> int:
     reason = backend_unavailable(args.backend)
     if reason:
         raise UserError(reason)
-    if args.export and (scenario.training.strategy != "oresearcher" or not scenario.distill.student):
-        raise UserError("--export needs a distillation phase: training.strategy=oresearcher and distill.student "
-                        "set in the scenario (e.g. scenarios/digits-hetero.yaml)")
+    if args.export and (why := exportable(scenario)):
+        raise UserError(why)
     if args.resume and (done := rundir.finished(out)) is not None:
         if denv is None or denv.rank == 0:
             print(f"{out}: the run finished ({done.get('steps', '?')} steps); nothing to resume, "
@@ -431,10 +432,8 @@ def print_run_report(out: Path) -> None:
     print_report(report, f"{report['scenario']['name']}: {report['scenario']['training']['strategy']}, "
                          f"{report['world_size']} ranks on {report['backend']}, {steps_title(report)}",
                  column="measured")
-    if "distill" in report:
-        from .cooperation.distill import comparison_lines
-
-        print("\n".join(comparison_lines(report["distill"])))
+    for line in report_lines(report):  # distillation, the finance comparison, the export
+        print(line)
     log.info("done; report: %s", out / "report.json")
 
 
