@@ -110,7 +110,10 @@ def deployed(learner, scenario, opts, tl: Timeline) -> dict:
         from oresearcher.tasks.finance_baseline import comparison
 
         steps = [1 + max((s for s, _t, _m in tl.metrics[r]), default=-1) for r in range(tl.world_size)]
-        more["finance"] = comparison(scenario, modules, steps, learner.rules)
+        try:
+            more["finance"] = comparison(scenario, modules, steps, learner.rules)
+        except UserError as e:  # a setting the single model cannot take (e.g. privacy): the report stays
+            log.warning("no comparison with the single credit model: %s", e)
     if export:
         metrics = {a: {f"test_{k}": v for k, v in s["cooperative"].items() if v == v}  # NaN: not a figure
                    for a, s in more.get("finance", {}).items() if s["cooperative"]}
