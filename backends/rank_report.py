@@ -94,6 +94,33 @@ def distilled(learner, scenario, opts) -> dict:
     return {"distill": section}
 
 
+def deployed(learner, scenario, opts, tl: Timeline) -> dict:
+    """Rank 0, after a cooperative run: the distillation comparison, the finance task's
+    comparison with the single credit model, and the deployed model saved with
+    ``--export`` (the student, else the fused model: oresearcher.cooperation.deploy)."""
+    more = distilled(learner, scenario, opts)
+    result = getattr(learner, "cooperative_result", None)
+    finance, export = scenario.workload.task == "finance", opts.export is not None and "distill" not in more
+    if result is None or not (finance or export):
+        return more
+    from oresearcher.cooperation import deploy
+
+    modules = deploy.fused_modules(scenario, result)
+    if finance:
+        from oresearcher.programs.finance_baseline import comparison
+
+        steps = [1 + max((s for s, _t, _m in tl.metrics[r]), default=-1) for r in range(tl.world_size)]
+        try:
+            more["finance"] = comparison(scenario, modules, steps, learner.rules)
+        except UserError as e:  # a setting the single model cannot take (e.g. privacy): the report stays
+            log.warning("no comparison with the single credit model: %s", e)
+    if export:
+        metrics = {a: {f"test_{k}": v for k, v in s["cooperative"].items() if v == v}  # NaN: not a figure
+                   for a, s in more.get("finance", {}).items() if s["cooperative"]}
+        more["export"] = [str(p) for p in deploy.export_fused(scenario, result, opts.export, metrics)]
+    return more
+
+
 def write_report(tl: Timeline, scenario, opts, start: int, wall: float, device,
                   more: Optional[dict] = None) -> None:
     """The report, trace and figures (rank 0); a full disk is one line: the final

@@ -28,6 +28,7 @@ import os
 import sys
 from pathlib import Path
 
+from oresearcher.cooperation.deploy import exportable
 from oresearcher.errors import UserError
 from oresearcher.reporting.console import print_report
 from oresearcher.scenario import resume
@@ -57,9 +58,8 @@ def main(argv=None) -> int:
     reason = backend_unavailable(args.backend)
     if reason:
         raise UserError(reason)
-    if args.export and (scenario.training.strategy != "oresearcher" or not scenario.distill.student):
-        raise UserError("--export needs a distillation phase: training.strategy=oresearcher and distill.student "
-                        "set in the scenario (e.g. scenarios/digits-hetero.yaml)")
+    if args.export and (why := exportable(scenario)):
+        raise UserError(why)
     if args.resume and (done := rundir.finished(out)) is not None:
         if denv is None or denv.rank == 0:
             print(f"{out}: the run finished ({done.get('steps', '?')} steps); nothing to resume, "
@@ -212,10 +212,8 @@ def print_run_report(out: Path) -> None:
     print_report(report, f"{report['scenario']['name']}: {report['scenario']['training']['strategy']}, "
                          f"{report['world_size']} ranks on {report['backend']}, {steps_title(report)}",
                  column="measured")
-    if "distill" in report:
-        from oresearcher.cooperation.distill import comparison_lines
-
-        print("\n".join(comparison_lines(report["distill"])))
+    for line in report_lines(report):  # distillation, the finance comparison, the export
+        print(line)
     log.info("done; report: %s", out / "report.json")
 
 
@@ -232,6 +230,24 @@ def _outcome(result, out: Path, world: int) -> int:
     print(f"error: {result.failure or 'a rank failed'}; the other ranks stopped ({_where(out, world)})",
           file=sys.stderr)
     return 1
+
+
+def report_lines(report: dict) -> list[str]:
+    """What a finished run prints after its table: the distillation comparison, the finance
+    comparison with the single credit model, and where the deployed model was exported."""
+    lines = []
+    if "distill" in report:
+        from oresearcher.cooperation.distill import comparison_lines
+
+        lines += comparison_lines(report["distill"])
+    if "finance" in report:
+        from oresearcher.programs.finance_baseline import comparison_lines as finance_lines
+
+        lines += finance_lines(report["finance"])
+    if report.get("export"):
+        lines.append(f"exported the deployed model (the fused agents) to {', '.join(report['export'])} "
+                     "(load with oresearcher.export.load_model)")
+    return lines
 
 
 if __name__ == "__main__":

@@ -112,8 +112,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=_pos_int, help="intra-op threads per rank (default 1, or OMP_NUM_THREADS)")
     p.add_argument("--learner", metavar="MODULE:FN",
                    help="build learners with FN(scenario, rank, mode=, device=) instead of the task registry")
-    p.add_argument("--export", metavar="DIR", help="after training and distillation (the scenario's "
-                   "distill.student), save the student as safetensors + JSON in DIR (oresearcher.export)")
+    p.add_argument("--export", metavar="DIR", help="after cooperative training, save the deployed model as "
+                   "safetensors + JSON in DIR (oresearcher.export): the distilled student (distill.student), else "
+                   "the fused agents, one directory per architecture in a heterogeneous run")
     p.add_argument("--log-level", default=None, help="logging level (default INFO on rank 0, WARNING elsewhere)")
     return p
 

@@ -42,7 +42,7 @@ from . import checkpoint as ckpt
 from .interpreter import Interpreter, make_clock
 from .launcher import EXIT_PEER_LOST, DistEnv, connect_store
 from .monitor import Monitor, post_user_error, user_error
-from .rank_report import REPORT_WRITTEN, distilled, gather_timeline, report_from_checkpoint, wait_for_report
+from .rank_report import REPORT_WRITTEN, deployed, gather_timeline, report_from_checkpoint, wait_for_report
 from .rank_report import final_metrics  # noqa: F401 -- part of this module's interface
 from .rank_report import write_report as _write_report  # a module global: tests replace it (bk_tiny, bk_kill)
 from .telemetry import Progress, TensorBoard, make_profiler
@@ -63,7 +63,7 @@ class RunOptions:
     learner: Optional[str] = None  # "module:function" building learners instead of the task registry
     threads: int = 1
     keep_checkpoints: int = 2
-    export: Optional[Path] = None  # --export DIR: rank 0 saves the distilled student there (oresearcher.export)
+    export: Optional[Path] = None  # --export DIR: rank 0 saves the deployed model there (oresearcher.export)
 
 
 def backend_unavailable(backend: str) -> Optional[str]:
@@ -341,7 +341,7 @@ def _train(scenario, opts: RunOptions, rank, world, device, store, prefix, monit
     gc.collect()  # free tensors shared with gloo's threads now, not during interpreter shutdown
     merged = gather_timeline(tl, rank, world)
     if rank == 0:
-        more = distilled(learner, scenario, opts)
+        more = deployed(learner, scenario, opts, merged)
         _write_report(merged, scenario, opts, start, wall, device, more)
         store.set(prefix + REPORT_WRITTEN, "1")
     elif not wait_for_report(store, prefix, monitor):

@@ -10,7 +10,8 @@ engine's rules) trains with the cooperative program in the reference interpreter
 Its decision on a dataset is the mean predicted probability of that dataset's agents.
 
 The baseline for each dataset is one tabular Transformer trained alone (strategy
-``single``) on the same training data for as many optimizer steps of the same batch as
+``single``; :mod:`oresearcher.programs.finance_baseline`, the baseline a finance run
+reports) on the same training data for as many optimizer steps of the same batch as
 the cluster's agents of that kind took together (the allocation moves steps between
 agents, so the count is taken from the run): the same training samples and FLOPs.
 The cluster's extra work -- validators scoring every agent each round, fusion -- is not
@@ -51,18 +52,12 @@ COLUMNS = ("accuracy", "false_approval", "false_denial", "misjudgement", "veto_r
 
 
 def train(overrides: list[str]):
-    """Run a scenario in the reference interpreter; (learners, StepDone lists)."""
-    from oresearcher.programs import AgentContext, get_program
+    """Run the finance scenario in the reference interpreter; (scenario, learners, StepDone lists)."""
     from oresearcher.scenario import load_scenario
-    from oresearcher.tasks import make_learner
-    from oresearcher.testing import run_programs
+    from oresearcher.programs.finance_baseline import train_programs
 
     sc = load_scenario(FINANCE, overrides)
-    n = sc.world_size
-    learners = [make_learner(sc, r, mode="numeric") for r in range(n)]
-    prog = get_program(sc.training.strategy)
-    steps = run_programs([prog(AgentContext(r, n, sc, mode="numeric"), lr) for r, lr in enumerate(learners)])
-    return sc, learners, steps
+    return (sc, *train_programs(sc))
 
 
 class MeanProbs(torch.nn.Module):
@@ -82,6 +77,7 @@ def _scalars(metrics: dict) -> dict:
 
 def run_seed(seed: int, steps: int) -> dict:
     from oresearcher.tasks import finance as T
+    from oresearcher.programs.finance_baseline import train_single
 
     base = [f"seed={seed}", f"training.steps={steps}"]
     sc, learners, records = train(base)
@@ -91,12 +87,8 @@ def run_seed(seed: int, steps: int) -> dict:
         ranks = [r for r, lr in enumerate(learners) if lr.arch == kind]
         cluster = _scalars(T.credit_metrics(MeanProbs([learners[r].module for r in ranks]), rules, kind))
         taken = sum(len(records[r]) for r in ranks)  # local steps the kind's agents took together
-        batch = learners[ranks[0]].batches.batch
-        _, single, _ = train(base + [
-            "training.strategy=single", "agents.count=1", "agents.roles=null", "agents.architectures=[]",
-            "cluster.gpus_per_node=1", f"workload.model={kind}", f"workload.global_batch={batch}",
-            f"training.steps={taken}"])
-        alone = _scalars(T.credit_metrics(single[0].module, rules, kind))
+        single = train_single(sc, kind, learners[ranks[0]].batches.batch, taken)
+        alone = _scalars(T.credit_metrics(single.module, rules, kind))
         out[kind] = {"cluster": cluster, "single": alone, "steps": taken}
     vol = next(lr for lr in learners if lr.arch == "vol-lstm")
     out["vol-lstm"] = T.vol_metrics(vol.module)["rmse"]

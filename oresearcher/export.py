@@ -4,9 +4,10 @@ are :mod:`oresearcher.tasks.export`."""
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from .errors import UserError, cli_main
-from .tasks.export import load_model
+from .tasks.export import META, load_model, model_dirs
 
 
 def main(argv=None) -> int:
@@ -14,15 +15,19 @@ def main(argv=None) -> int:
     args = sys.argv[1:] if argv is None else list(argv)
     if args in (["-h"], ["--help"]):
         print("usage: python -m oresearcher.export DIR\n\nLoad the model exported to DIR by "
-              "`python -m oresearcher.run ... --export DIR`, verify its weights and describe it.")
+              "`python -m oresearcher.run ... --export DIR` (each model, where DIR holds one per architecture), "
+              "verify its weights and describe it.")
         return 0
     if len(args) != 1 or args[0].startswith("-"):
         raise UserError("usage: python -m oresearcher.export DIR (a directory written by run --export)")
-    module, meta = load_model(args[0])
-    n = sum(p.numel() for p in module.parameters())
-    acc = meta.get("metrics", {}).get("student_test_accuracy")
-    print(f"{args[0]}: {meta['architecture']} for {meta['task']}, {n:,} parameters, weights verified"
-          + (f", test accuracy {acc:.4f}" if isinstance(acc, float) else ""))
+    parts = [] if (Path(args[0]) / META).is_file() else model_dirs(args[0])
+    for where in parts or [Path(args[0])]:
+        module, meta = load_model(where)
+        n = sum(p.numel() for p in module.parameters())
+        m = meta.get("metrics", {})
+        acc = m.get("student_test_accuracy", m.get("test_accuracy"))
+        print(f"{where}: {meta['architecture']} for {meta['task']}, {n:,} parameters, weights verified"
+              + (f", test accuracy {acc:.4f}" if isinstance(acc, float) else ""))
     return 0
 
 

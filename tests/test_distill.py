@@ -120,17 +120,6 @@ def test_malformed_or_tampered_exports_are_refused_in_one_line(tmp_path, capsys)
     _refused(out, capsys, "no such file")
 
 
-def test_export_without_a_student_is_one_line(tmp_path, capsys):
-    from oresearcher import run
-
-    digits4 = Path(__file__).resolve().parents[1] / "scenarios" / "digits-4.yaml"
-    code = cli_main(run.main, ["--scenario", str(digits4), "--out", str(tmp_path / "r"), "--export",
-                               str(tmp_path / "m")])
-    err = capsys.readouterr().err
-    assert code == 2 and err.count("\n") == 1 and "distill.student" in err
-    assert not (tmp_path / "r").exists()  # refused before any rank started
-
-
 def test_shape_mode_prices_distillation_per_step():
     """A language-model cluster in shape mode: each distillation step adds the same
     simulated time (the teachers' forwards, the student's step, its all-reduce)."""

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DIRS = {"oresearcher": "oresearcher", "sim": "oresearcher.sim", "backends": "oresearcher.backends"}
 LAYERS = [
     {"errors"},
-    {"ops", "seeds", "files", "yamlsafe"},  # the vocabulary and small helpers every room may use
+    {"ops", "seeds", "files", "yamlsafe", "testing"},  # the ops, their reference interpreter, small helpers
     {"hardware"},  # device and fabric profiles
     {"models"},  # networks, their learners and measured costs
     {"codecs"},
@@ -28,7 +28,7 @@ LAYERS = [
     {"sim"},  # interprets programs in simulated time
     {"calibration"},  # fits profiles to measurements
     {"backends"},  # interprets programs on torch.distributed
-    {"run", "calibrate", "compare", "export", "testing"},  # the entry points
+    {"run", "calibrate", "compare", "export"},  # the entry points
 ]
 LEVEL = {room: i for i, rooms in enumerate(LAYERS) for room in rooms}
 MAX_TOP_LEVEL = 12

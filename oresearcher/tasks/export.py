@@ -2,14 +2,18 @@
 
     python -m oresearcher.run --backend=gloo --scenario scenarios/digits-hetero.yaml --export runs/digits-hetero/model
     python -m oresearcher.export runs/digits-hetero/model      # check it and say what it is
+    python -m oresearcher.run --backend=gloo --scenario scenarios/finance.yaml --export runs/finance/model
+    python -m oresearcher.export runs/finance/model            # one model per architecture: each checked
 
     from oresearcher.tasks.export import load_model
     model, meta = load_model("runs/digits-hetero/model")       # an nn.Module in eval mode
     probs = model(x).softmax(-1)                               # x preprocessed as meta["preprocessing"] says
 
-A directory holds ``model.safetensors`` (the student's state dict; safetensors holds only
-tensors and a JSON header, so loading runs no code -- nothing is pickled) and
-``model.json``:
+The export is the run's deployed model (:mod:`oresearcher.cooperation.deploy`): the
+distilled student, else the fused model of the agents' architecture; a heterogeneous run
+writes one directory per architecture under DIR. A directory holds ``model.safetensors``
+(the model's state dict; safetensors holds only tensors and a JSON header, so loading
+runs no code -- nothing is pickled) and ``model.json``:
 
     {"format": "oresearcher-model/1", "task": "digits", "architecture": "mlp",
      "preprocessing": {...}, "n_classes": 10, "weights_sha256": "...", "metrics": {...}, "scenario": "..."}
@@ -58,10 +62,20 @@ def save_model(directory, module: torch.nn.Module, *, task: str, architecture: s
     return out
 
 
+def model_dirs(directory) -> list[Path]:
+    """The subdirectories of ``directory`` that hold an export: a heterogeneous cooperative
+    run exports one model per architecture (oresearcher.cooperation.deploy)."""
+    d = Path(directory)
+    return sorted(p for p in d.iterdir() if (p / META).is_file()) if d.is_dir() and not d.is_symlink() else []
+
+
 def read_meta(directory) -> dict:
     """The checked ``model.json`` of ``directory`` (UserError on any problem)."""
     path = Path(directory) / META
     if not path.is_file():
+        if parts := model_dirs(directory):
+            raise UserError(f"{directory}: one model per architecture ({', '.join(p.name for p in parts)}); "
+                            f"load one of them, e.g. {parts[0]}")
         raise UserError(f"{path}: no such file (not an exported model directory)")
     raw = path.read_bytes()
     if len(raw) > MAX_META_BYTES:
@@ -122,15 +136,16 @@ def load_model(directory) -> tuple[torch.nn.Module, dict]:
             raise UserError(f"{weights}: tensor {name} is {tuple(t.shape)} {t.dtype}, "
                             f"{meta['architecture']} needs {tuple(want[name].shape)} {want[name].dtype}")
     module.load_state_dict(tensors, strict=True)
-    classes = _classes(task, module)
+    classes = classes_of(task, module)
     if classes is not None and meta["n_classes"] != classes:  # the description must say what the weights are
         raise UserError(f"{Path(directory) / META}: n_classes is {meta['n_classes']}, but the weights' "
                         f"{meta['architecture']} head has {classes} outputs")
     return module.eval(), meta
 
 
-def _classes(task, module: torch.nn.Module):
-    """How many classes the model predicts: the task's N_CLASSES, else its last linear layer's outputs."""
+def classes_of(task, module: torch.nn.Module):
+    """How many classes the model predicts (outputs, for a regression head): the task's
+    N_CLASSES, else its last linear layer's outputs."""
     n = getattr(task, "N_CLASSES", None)
     if isinstance(n, int):
         return n

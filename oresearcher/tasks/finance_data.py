@@ -28,7 +28,7 @@ keeps the unscaled rule features (``pirat`` and the protected attributes) per sp
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -57,6 +57,8 @@ class Tabular:
     X: dict  # split -> tensor [N, F]
     y: dict  # split -> tensor [N]
     raw: dict  # split -> {feature: float64 tensor [N]} of rule features, unscaled
+    # continuous column -> {"log1p", "median", "mean", "std"}: x -> (log1p?(x), NaN -> median - mean) / std
+    scaling: dict = field(default_factory=dict)
 
     def column(self, name: str) -> int:
         return self.features.index(name)
@@ -84,8 +86,9 @@ def _split_index(y: np.ndarray, seed: int) -> dict:
 
 
 def _encode(df, idx: dict, continuous, money, categorical, binary_cols, raw_cols) -> tuple:
-    """Columns -> (features, binary features, X per split, raw per split); fitted on train."""
-    cols, names, binary = [], [], []
+    """Columns -> (features, binary features, X per split, raw per split, scaling of the
+    continuous columns); fitted on train."""
+    cols, names, binary, scaling = [], [], [], {}
     train = df.iloc[idx["train"]]
     for c in continuous:
         v = df[c].astype("float64").to_numpy()
@@ -97,6 +100,7 @@ def _encode(df, idx: dict, continuous, money, categorical, binary_cols, raw_cols
         mu, sd = v[idx["train"]].mean(), v[idx["train"]].std() or 1.0
         cols.append((v - mu) / sd)
         names.append(c)
+        scaling[c] = {"log1p": c in money, "median": float(med), "mean": float(mu), "std": float(sd)}
     for c in categorical:
         for level in sorted(train[c].dropna().unique()):
             cols.append((df[c] == level).to_numpy(dtype="float64"))
@@ -108,7 +112,7 @@ def _encode(df, idx: dict, continuous, money, categorical, binary_cols, raw_cols
         binary.append(name)
     X = np.stack(cols, 1).astype("float32")
     raw = {s: {c: torch.from_numpy(raw_cols[c][i].astype("float64")) for c in raw_cols} for s, i in idx.items()}
-    return tuple(names), tuple(binary), {s: torch.from_numpy(X[i]) for s, i in idx.items()}, raw
+    return tuple(names), tuple(binary), {s: torch.from_numpy(X[i]) for s, i in idx.items()}, raw, scaling
 
 
 @functools.lru_cache(maxsize=4)
@@ -126,8 +130,8 @@ def load_credit(split_seed: int = 0) -> Tabular:
     money = {"Expenses", "Income", "Assets", "Debt", "Amount", "Price"}
     cont = ["Seniority", "Time", "Age", *sorted(money), "pirat"]
     raw = {"pirat": pirat, "married": binary["married"].astype("float64")}
-    names, bin_names, X, raw = _encode(df, idx, cont, money, ["Home", "Job"], binary, raw)
-    return Tabular(names, bin_names, X, {s: torch.from_numpy(y[i]) for s, i in idx.items()}, raw)
+    names, bin_names, X, raw, scaling = _encode(df, idx, cont, money, ["Home", "Job"], binary, raw)
+    return Tabular(names, bin_names, X, {s: torch.from_numpy(y[i]) for s, i in idx.items()}, raw, scaling)
 
 
 @functools.lru_cache(maxsize=4)
@@ -139,8 +143,8 @@ def load_loan(split_seed: int = 0) -> Tabular:
     binary = {f: (df[f] == "yes").to_numpy() for f in flags}
     raw = {"pirat": df["pirat"].to_numpy(dtype="float64"), "afam": binary["afam"].astype("float64")}
     cont = ["pirat", "hirat", "lvrat", "chist", "mhist", "unemp"]
-    names, bin_names, X, raw = _encode(df, idx, cont, set(), [], binary, raw)
-    return Tabular(names, bin_names, X, {s: torch.from_numpy(y[i]) for s, i in idx.items()}, raw)
+    names, bin_names, X, raw, scaling = _encode(df, idx, cont, set(), [], binary, raw)
+    return Tabular(names, bin_names, X, {s: torch.from_numpy(y[i]) for s, i in idx.items()}, raw, scaling)
 
 
 @functools.lru_cache(maxsize=1)

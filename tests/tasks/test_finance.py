@@ -255,14 +255,58 @@ FOUR = ["agents.count=4", "cluster.gpus_per_node=4", "agents.roles={explorer: 1,
         "agents.architectures=[credit-transformer, credit-transformer, loan-transformer, vol-lstm]"]
 
 
-def test_scenario_runs_on_gloo(tmp_path):
+def test_scenario_runs_on_gloo_reports_the_single_model_and_exports_the_fused_ones(tmp_path):
+    """The run's own report sets the deployed (fused) credit models beside the single
+    credit model, and --export writes them (and the LSTM) where load_model reads them back
+    with the figures the report recorded."""
     env = dict(os.environ, OMP_NUM_THREADS="1")
     cmd = [sys.executable, "-m", "oresearcher.run", "--backend=gloo", "--scenario", str(FINANCE),
            *[a for s in TINY + FOUR for a in ("--set", s)], "--out", str(tmp_path / "run"), "--no-tensorboard",
-           "--no-progress", "--timeout=60"]
+           "--no-progress", "--timeout=60", "--export", str(tmp_path / "model")]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=200)
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads((tmp_path / "run" / "report.json").read_text())
     assert report["backend"] == "gloo" and report["world_size"] == 4
     assert "grad_share" in {b["name"] for b in report["breakdown"]}
     assert report["metrics"]["3"][-1]["test_rmse"] > 0 and "test_fairness_gap" in report["metrics"]["2"][-1]
+    fin = report["finance"]
+    assert set(fin) == {"credit-transformer", "loan-transformer"}
+    for arch, section in fin.items():
+        for who in ("cooperative", "single"):
+            assert set(section[who]) == {"accuracy", "false_approval", "false_denial", "fairness_gap", "veto_rate"}
+        # the single model took the local steps the architecture's agents took together
+        ranks = [r for r, a in enumerate(["credit-transformer", "credit-transformer", "loan-transformer"]) if a == arch]
+        assert section["single_steps"] == sum(report["metrics"][str(r)][-1]["step"] + 1 for r in ranks)
+    assert "single credit model, same FLOPs" in proc.stdout and "fairness gap (afam)" in proc.stdout
+    from oresearcher.export import load_model
+
+    assert report["export"] == [str(tmp_path / "model" / a) for a in ("credit-transformer", "loan-transformer",
+                                                                      "vol-lstm")]
+    rules = [C.Rule.from_spec(r) for r in load_scenario(FINANCE).finance.rules]
+    for arch, section in fin.items():
+        module, meta = load_model(tmp_path / "model" / arch)
+        got = T.credit_metrics(module, rules, arch)
+        assert {k: got[k] for k in section["cooperative"]} == section["cooperative"]  # the deployed model's figures
+        assert meta["preprocessing"]["features"] == list(T.dataset(arch).features)
+    lstm, _ = load_model(tmp_path / "model" / "vol-lstm")
+    assert T.vol_metrics(lstm)["rmse"] > 0
+
+
+def test_the_run_report_comparison_in_the_reference_interpreter():
+    from oresearcher.cooperation.deploy import fused_modules
+    from oresearcher.programs.finance_baseline import comparison, comparison_lines, train_programs
+
+    sc = load_scenario(FINANCE, TINY)
+    learners, records = train_programs(sc)
+    modules = fused_modules(sc, learners[0].cooperative_result)
+    section = comparison(sc, modules, [len(r) for r in records], learners[0].rules)
+    for arch, s in section.items():
+        ranks = [r for r, lr in enumerate(learners) if lr.arch == arch]
+        assert s["single_steps"] == sum(len(records[r]) for r in ranks) and s["single_batch"] == 32
+        assert s["single_flops"] == s["single_steps"] * (learners[ranks[0]].fwd_flops + learners[ranks[0]].bwd_flops)
+        for who in ("cooperative", "single"):
+            f = s[who]
+            assert f["accuracy"] + f["false_approval"] + f["false_denial"] == pytest.approx(1.0)
+            assert 0.0 <= f["fairness_gap"] <= 1.0 and 0.0 <= f["veto_rate"] <= 1.0
+    lines = comparison_lines(section)
+    assert sum("single credit model, same FLOPs" in line for line in lines) == 2
