@@ -29,7 +29,7 @@ PAGE = ROOT / "docs" / "scenario-reference.md"
 
 HEADER = """# Scenario reference
 
-Generated from the schema's field descriptions (`oresearcher/scenario.py` and the sections
+Generated from the schema's field descriptions (`oresearcher/scenario/schema.py` and the sections
 it assembles) by `python -m oresearcher.reporting.scenario_doc`; do not edit by hand:
 `tests/test_scenario_doc.py` fails when this page and the code disagree. How scenario files
 are read, overridden and checked: [Scenario files](scenarios.md).

@@ -29,7 +29,7 @@ class ClusterSpec(Strict):
     intra_node: Name = Field("nvswitch-a100", description="fabric profile inside a node")
     inter_node: Optional[Name] = Field(None, description="fabric profile between nodes (NICs + switch)")
     nics_per_node: Int = Field(1, ge=1, le=64, description="network cards per node on inter_node")
-    network: Optional[NetworkSpec] = Field(None, description="switch tiers between the NICs (scenario_network.py); "
+    network: Optional[NetworkSpec] = Field(None, description="switch tiers between the NICs (oresearcher/scenario/network.py); "
                                            "none: one non-blocking switch")
     profile_files: list[Annotated[str, Field(min_length=1, max_length=4096)]] = Field(
         default_factory=list, max_length=16,
