@@ -77,7 +77,8 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m oresearcher.run", description="Run the agent programs for real, on torch.distributed (gloo on CPUs, NCCL on GPUs).")
+    p = _Parser(prog="python -m oresearcher.run",
+                description="Run the agent programs for real, on torch.distributed (gloo on CPUs, NCCL on GPUs).")
     p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo", help="gloo (CPU) or nccl (GPU)")
     p.add_argument("--scenario", help=f"scenario YAML (default {DEFAULT_SCENARIO}; with --resume, the run's saved copy)")
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override any scenario field")
