@@ -144,7 +144,7 @@ def test_fsdp_step_that_cannot_be_split_is_one_line(tmp_path):
 
 
 def test_fsdp_profile_header_says_what_was_scaled(tmp_path):
-    from sim.hardware import load_profile_file
+    from oresearcher.hardware import load_profile_file
 
     write_profile(tmp_path / "p.yaml", _fsdp_record(), "cpu-cal", "gloo-cal", jitter=False)
     text = (tmp_path / "p.yaml").read_text()
