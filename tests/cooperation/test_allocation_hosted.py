@@ -18,7 +18,7 @@ from oresearcher.scenario import load_scenario
 from oresearcher.hardware import builtin_profiles
 from oresearcher.sim.swap import swap_seconds
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_placement_blocks_and_refusals():
