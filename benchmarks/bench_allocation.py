@@ -45,7 +45,7 @@ same program's critical rank computed 42-71 ms a round from one launch to the ne
 the summary takes medians over the repeats and prints each one.
 
 Round time: the mean over rounds 2.. (round 1 includes start-up and warm-up on gloo).
-The op table (benchmarks/alloc_ops.py) splits it on each round's critical rank. Device
+The op table (oresearcher/reporting/round_ops.py) splits it on each round's critical rank. Device
 time: on a CPU rank the CPU time of the agent's steps (the device is the core;
 oresearcher/programs/cooperative_hosted.py, SliceClock), beside the slices' wall time
 and the steady time (median step x steps); and the CPU time of one step in a process
@@ -74,7 +74,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-import alloc_ops  # noqa: E402
+import alloc_ops  # noqa: E402  (cpu_per_step, contention)
+from oresearcher.reporting import round_ops  # noqa: E402
 from bench_sim_to_real import spread  # noqa: E402  ((max - min) / median of repeated runs)
 from oresearcher.programs.cooperative_hosted import device_time_vs_shares  # noqa: E402
 from oresearcher.errors import UserError  # noqa: E402
@@ -104,28 +105,16 @@ def run(cmd: list, what: str) -> None:
         sys.exit(f"{what} failed (exit {p.returncode}): {p.stderr.strip().splitlines()[-1:]}")
 
 
-def plan_units(row: dict) -> float:
-    """The units a critical round's device seconds are worth at the price the metered
-    scheduler planned that round with (the previous round's median seconds per unit over
-    all agents): the units the simulator hands that rank for the same seconds. A rank
-    whose steps cost less than the median (one computing alone at the round's end) runs
-    more steps than that in its seconds; counting its own steps would price the
-    simulator's unit at the cheaper step. Before metering (no device seconds): its units."""
-    if row["device_s"] > 0 and row["plan_unit_s"] > 0:
-        return row["device_s"] / row["plan_unit_s"]
-    return row["units"]
-
-
 def calibration_run(tmp: Path, flags: list, unit_flops: float) -> tuple[float, float, float]:
     """(compute FLOP/s, host overhead s per Compute op, round all-gather s) on the
     critical rank of a separate launch of the same scenario, rounds 2.."""
     out = tmp / "calib"
     run(["-m", "oresearcher.run", "--backend=gloo", "--scenario", str(SCENARIO), "--out", str(out),
          "--no-tensorboard", *flags], "calibration run")
-    rows = alloc_ops.critical_rounds(out)
-    rate = unit_flops * sum(plan_units(r) for r in rows) / sum(r["steps"] for r in rows)
-    host = sum(r[alloc_ops.BETWEEN] for r in rows) / sum(r["compute_ops"] for r in rows)
-    return rate, host, statistics.fmean(r[alloc_ops.GATHER_ROW] for r in rows)
+    rows = round_ops.critical_rounds(out)
+    rate = unit_flops * sum(round_ops.plan_units(r) for r in rows) / sum(r["steps"] for r in rows)
+    host = sum(r[round_ops.BETWEEN] for r in rows) / sum(r["compute_ops"] for r in rows)
+    return rate, host, statistics.fmean(r[round_ops.GATHER_ROW] for r in rows)
 
 
 def repeat(tmp: Path, docs: list, flags: list, unit_flops: float) -> dict:
@@ -139,7 +128,7 @@ def repeat(tmp: Path, docs: list, flags: list, unit_flops: float) -> dict:
     sim_flags = ["--set", f"cluster.profile_files=[{prof}]", "--set", "cluster.device=cpu-calibrated",
                  "--set", "cluster.intra_node=gloo-calibrated", *flags]
     run(["-m", "oresearcher.sim", str(SCENARIO), "--out", str(tmp / "sim0"), *sim_flags], "simulator (idle fit)")
-    had = statistics.fmean(r[alloc_ops.GATHER_ROW] for r in alloc_ops.critical_rounds(tmp / "sim0", host_s=host))
+    had = statistics.fmean(r[round_ops.GATHER_ROW] for r in round_ops.critical_rounds(tmp / "sim0", host_s=host))
     for key in ("base_latency_us", "hop_latency_us", "call_overhead_us"):
         docs[1][key] *= want / had
     docs[1]["bandwidth_GBps"] /= want / had
@@ -151,8 +140,8 @@ def repeat(tmp: Path, docs: list, flags: list, unit_flops: float) -> dict:
     sim = json.loads((tmp / "sim" / "report.json").read_text())
     return {"rate": rate, "host": host, "gather": want, "idle_gather": had, "real": real, "sim": sim,
             "pred": round_time(sim), "meas": round_time(real),
-            "pred_ops": alloc_ops.mean_ms(alloc_ops.critical_rounds(tmp / "sim", host_s=host)),
-            "meas_ops": alloc_ops.mean_ms(alloc_ops.critical_rounds(tmp / "gloo"))}
+            "pred_ops": round_ops.mean_ms(round_ops.critical_rounds(tmp / "sim", host_s=host)),
+            "meas_ops": round_ops.mean_ms(round_ops.critical_rounds(tmp / "gloo"))}
 
 
 def units_vs_shares(report, skip_rounds: int = 1) -> list:
@@ -219,7 +208,7 @@ def main(argv=None) -> int:
           f"error {(pr - me) / me:+.1%}; run spread {spread([r['meas'] for r in reps]):.0%} "
           "((max - min) / median of the real runs: an error inside it is the host's own noise)")
     rows = list(reps[0]["pred_ops"])
-    alloc_ops.print_table({k: statistics.median(r["pred_ops"][k] for r in reps) for k in rows},
+    round_ops.print_table({k: statistics.median(r["pred_ops"][k] for r in reps) for k in rows},
                           {k: statistics.median(r["meas_ops"][k] for r in reps) for k in rows})
     print(f"device time / shares per agent (relative error of each agent's fraction against its run's own "
           f"shares, rounds 2.., errors averaged over the {len(reps)} runs; metered real runs take different "

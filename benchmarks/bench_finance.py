@@ -95,27 +95,6 @@ def run_seed(seed: int, steps: int) -> dict:
     return out
 
 
-def garch_rmse() -> float | None:
-    from oresearcher.tasks.finance_data import load_sp500
-    from oresearcher.tasks.finance_models import GARCH_SKIP, garch_forecast, have_arch
-
-    if not have_arch():
-        print(GARCH_SKIP)
-        return None
-    d = load_sp500()
-    pred = garch_forecast(d.returns, d.train_end, d.day["test"].numpy())
-    return float(np.sqrt(np.mean((pred - d.y["test"].numpy()) ** 2)))
-
-
-def historical_rmse() -> float:
-    """The naive forecast: the realised volatility of the input window itself (20 days)."""
-    from oresearcher.tasks.finance_data import load_sp500
-
-    d = load_sp500()
-    hist = np.sqrt(np.mean(d.X["test"].numpy()[:, :, 0] ** 2, 1)) * d.returns[:d.train_end].std()
-    return float(np.sqrt(np.mean((hist - d.y["test"].numpy()) ** 2)))
-
-
 def ci(xs) -> tuple[float, float]:
     """Mean and half-width of the 95% Student-t confidence interval."""
     from scipy.stats import t
@@ -134,6 +113,7 @@ def fmt(xs, pct=True) -> str:
 
 def report(runs: list[dict], garch: float | None) -> dict:
     from oresearcher.tasks.finance_data import WINDOW
+    from oresearcher.tasks.finance_models import historical_test_rmse
 
     summary = {}
     for kind, name in KINDS.items():
@@ -154,8 +134,8 @@ def report(runs: list[dict], garch: float | None) -> dict:
     line = f"\nvolatility (S&P 500 2008-2018, next-5-day realised vol, % per day): LSTM RMSE {fmt(lstm, pct=False)}"
     if garch is not None:
         line += f"; GARCH(1,1) RMSE {garch:.3f} (deterministic); LSTM / GARCH {statistics.fmean(lstm) / garch:.2f}"
-    print(line + f"; past-{WINDOW}-day realised vol RMSE {historical_rmse():.3f}")
-    summary["vol-lstm"] = {"lstm_rmse": ci(lstm), "garch_rmse": garch, "historical_rmse": historical_rmse()}
+    print(line + f"; past-{WINDOW}-day realised vol RMSE {historical_test_rmse():.3f}")
+    summary["vol-lstm"] = {"lstm_rmse": ci(lstm), "garch_rmse": garch, "historical_rmse": historical_test_rmse()}
     return summary
 
 
@@ -175,7 +155,9 @@ def main(argv=None) -> int:
     for seed in range(args.seeds):
         runs.append(run_seed(seed, args.steps))
         print(f"seed {seed} done ({time.perf_counter() - t0:.0f} s)", flush=True)
-    summary = report(runs, garch_rmse())
+    from oresearcher.tasks.finance_models import garch_test_rmse
+
+    summary = report(runs, garch_test_rmse())
     print(f"\n{time.perf_counter() - t0:.0f} s in all")
     if args.json:
         args.json.write_text(json.dumps({"runs": runs, "summary": summary}, indent=1, default=float))

@@ -45,9 +45,10 @@ from pathlib import Path
 
 import yaml
 
+from oresearcher.errors import UserError
+from oresearcher.reporting.round_ops import WARMUP, steady  # a real run's steady figures
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmarks"))
-import alloc_ops  # noqa: E402  (trace_spans: the trace's compute and blocked spans per rank)
 
 BASE = {
     "name": "sim2real",
@@ -92,37 +93,14 @@ def calibrate(path: Path, profile: Path, extra=()) -> None:
         *extra], f"calibration with {path}")
 
 
-WARMUP = 2  # steps left out of a real run's measured step, as calibrate leaves out two
-
-
-def steady(report: dict, run_dir: Path, warmup: int = WARMUP) -> dict:
-    """A real run's report over its steps after the first ``warmup``: ``step_time_s`` (the
-    slowest rank's, as the report's own figure), ``exposed_comm_time_s`` (the mean over
-    ranks of the time blocked in communication, from the run's trace) and
-    ``comm_overhead``, their ratio. The first steps hold a run's warm-up (the first
-    collectives' connections, lazy allocations, the optimizer's state created at its
-    first step: 100-200 ms once here, several steps' worth), which the simulator does not
-    price: every simulated step is the same. The report's own figures are kept with a
-    ``first_steps_`` prefix."""
-    ends = {r: [m["time_s"] for m in ms] for r, ms in report["metrics"].items()}
-    if not ends or min(len(t) for t in ends.values()) <= warmup:
-        raise SystemExit(f"a real run needs more than {warmup} steps to time its steady step")
-    spans = alloc_ops.trace_spans(json.loads((run_dir / "trace.json").read_text()))
-    blocked = {r: sum(e - s for s, e, _, lane in spans[int(r)] if lane == "blocked" and s >= t[warmup - 1])
-               for r, t in ends.items()}
-    out = dict(report, **{f"first_steps_{k}": report[k]
-                          for k in ("step_time_s", "exposed_comm_time_s", "comm_overhead")})
-    out["step_time_s"] = max((t[-1] - t[warmup - 1]) / (len(t) - warmup) for t in ends.values())
-    out["exposed_comm_time_s"] = sum(blocked[r] / (len(t) - warmup) for r, t in ends.items()) / len(ends)
-    out["comm_overhead"] = out["exposed_comm_time_s"] / out["step_time_s"]
-    return out
-
-
 def measure(path: Path, out: Path) -> dict:
     """A real gloo run of ``path``: its report over the steady steps (:func:`steady`)."""
     sh([sys.executable, "-m", "oresearcher.run", "--backend=gloo", "--scenario", str(path), "--out", str(out),
         "--no-tensorboard", "--no-progress"], f"real run of {path}")
-    return steady(json.loads((out / "report.json").read_text()), out)
+    try:
+        return steady(json.loads((out / "report.json").read_text()), out)
+    except UserError as e:
+        sys.exit(str(e))
 
 
 def predict(path: Path, profile: Path) -> dict:

@@ -6,6 +6,8 @@ The CLIs' main() run in process; `run`'s rank launch is replaced by a stub that 
 test if it is ever reached."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from oresearcher.errors import cli_main
@@ -14,6 +16,7 @@ from oresearcher.run import main as run_main
 TINY = ("name: t\ncluster: {nodes: 1, gpus_per_node: 4, device: cpu-local, intra_node: loopback}\n"
         "workload: {task: digits, model: mlp, global_batch: 32, dtype: fp32}\nagents: {count: 2}\n"
         "training: {strategy: STRATEGY, steps: 4, lr: 0.1}\n")
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
@@ -143,7 +146,7 @@ def test_a_cluster_the_agents_do_not_fill_is_refused(scenario_file, sets, words,
 
 def test_a_file_whose_agents_leave_nodes_empty_is_refused(tmp_path, cli):
     path = tmp_path / "half.yaml"
-    path.write_text(open("scenarios/2x8xA100.yaml").read().replace("count: 16", "count: 8"))
+    path.write_text((ROOT / "scenarios" / "2x8xA100.yaml").read_text().replace("count: 16", "count: 8"))
     code, _, err = sim(cli, path, "--out", tmp_path / "o")
     one_line(code, err, str(path), "agents.count=8 fills 1 of the cluster's 2 nodes")
 
@@ -172,7 +175,7 @@ def test_the_shipped_1024_gpu_scenario_is_the_speed_benchmarks(tmp_path):
     sc = load_scenario("scenarios/128x8xA100.yaml")
     assert sc.cluster.world_size == sc.agents.count == 1024
     assert sc.workload.global_batch % sc.agents.count == 0
-    assert '"scenarios/128x8xA100.yaml"' in open("benchmarks/bench_sim_speed.py").read()
+    assert '"scenarios/128x8xA100.yaml"' in (ROOT / "benchmarks" / "bench_sim_speed.py").read_text()
 
 
 @pytest.mark.parametrize("flags, words", [

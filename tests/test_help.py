@@ -2,8 +2,11 @@
 import argparse
 import subprocess
 import sys
+from pathlib import Path
 
 from oresearcher import calibrate
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_calibrate_help_explains_every_flag_and_default():
@@ -20,7 +23,7 @@ def test_calibrate_help_explains_every_flag_and_default():
 
 
 def test_bench_sim_to_real_help_is_whole_sentences():
-    out = subprocess.run([sys.executable, "benchmarks/bench_sim_to_real.py", "--help"], capture_output=True,
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_sim_to_real.py"), "--help"], capture_output=True,
                          text=True, check=True).stdout
     description = out.split("options:")[0].split("\n\n", 1)[1]
     assert description.strip().endswith("."), description

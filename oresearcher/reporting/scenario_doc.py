@@ -6,7 +6,7 @@
 Every section of :class:`oresearcher.scenario.Scenario` becomes a table: each field's YAML
 key, its type and range (read from the pydantic annotations: ``ge``/``gt``/``le``/``lt``,
 lengths, literal choices), its default and its ``description``. A section's docstring, when
-it has one, opens its table. ``tests/test_scenario_doc.py`` fails when the checked-in page
+it has one, opens its table. ``tests/reporting/test_scenario_doc.py`` fails when the checked-in page
 differs from what this module renders, so a field added, renamed or re-described without
 regenerating the page is caught in CI.
 """
@@ -31,7 +31,7 @@ HEADER = """# Scenario reference
 
 Generated from the schema's field descriptions (`oresearcher/scenario/schema.py` and the sections
 it assembles) by `python -m oresearcher.reporting.scenario_doc`; do not edit by hand:
-`tests/test_scenario_doc.py` fails when this page and the code disagree. How scenario files
+`tests/reporting/test_scenario_doc.py` fails when this page and the code disagree. How scenario files
 are read, overridden and checked: [Scenario files](scenarios.md).
 
 Every section is optional; a missing field takes its default. Unknown keys are errors, and

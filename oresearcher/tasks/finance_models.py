@@ -74,3 +74,26 @@ def garch_forecast(returns: np.ndarray, train_end: int, days: np.ndarray, horizo
     start = int(days.min())
     var = res.forecast(horizon=horizon, start=start, reindex=False).variance.to_numpy()  # [D-start, H]
     return np.sqrt(var[days - start].mean(1))
+
+
+def garch_test_rmse() -> float | None:
+    """RMSE of the GARCH(1,1) forecast on the S&P 500 test days (the volatility task's
+    classical baseline); None, with :data:`GARCH_SKIP` printed, without the arch package."""
+    from .finance_data import load_sp500
+
+    if not have_arch():
+        print(GARCH_SKIP)
+        return None
+    d = load_sp500()
+    pred = garch_forecast(d.returns, d.train_end, d.day["test"].numpy())
+    return float(np.sqrt(np.mean((pred - d.y["test"].numpy()) ** 2)))
+
+
+def historical_test_rmse() -> float:
+    """RMSE of the naive forecast on the test days: the realised volatility of the input
+    window itself."""
+    from .finance_data import load_sp500
+
+    d = load_sp500()
+    hist = np.sqrt(np.mean(d.X["test"].numpy()[:, :, 0] ** 2, 1)) * d.returns[:d.train_end].std()
+    return float(np.sqrt(np.mean((hist - d.y["test"].numpy()) ** 2)))

@@ -10,7 +10,7 @@ shares (a step costs more CPU time while four ranks share the 2 cores than alone
 the metering gives the agents that run then fewer steps). How close the device time
 comes to the shares is a timing figure: benchmarks/bench_allocation.py prints it, this
 test does not assert it. The simulator, with equal devices, meets 5%
-(tests/test_allocation_hosted.py)."""
+(tests/cooperation/test_allocation_hosted.py)."""
 from __future__ import annotations
 
 import json

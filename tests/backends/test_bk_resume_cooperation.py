@@ -15,7 +15,7 @@ from test_bk_resume_exact import SLOW, _equal, _run, _scenario
 
 
 @pytest.mark.parametrize("channel, sets", [
-    # privacy's state (noise generator, step count) also resumes in tests/test_privacy.py;
+    # privacy's state (noise generator, step count) also resumes in tests/cooperation/test_privacy.py;
     # on gloo it runs with ORESEARCHER_SLOW_TESTS=1 (two gloo runs, ~25 s)
     pytest.param("privacy", {"enabled": True, "noise_multiplier": 1.0, "clip_norm": 1.0}, marks=SLOW),
     ("replay", {"enabled": True, "sync_every": 2, "quota": 8}),

@@ -61,7 +61,7 @@ def _equal(a, b, where=""):
 
 # Each gloo run costs ~12 s here, mostly rank start-up (torch, scikit-learn, FLOP counting);
 # the diloco case (same worker path, simpler state) also runs in the reference interpreter
-# (tests/test_resume_state.py), so on gloo it only runs with ORESEARCHER_SLOW_TESTS=1.
+# (tests/programs/test_resume_state.py), so on gloo it only runs with ORESEARCHER_SLOW_TESTS=1.
 SLOW = pytest.mark.skipif(os.environ.get("ORESEARCHER_SLOW_TESTS") != "1",
                           reason="set ORESEARCHER_SLOW_TESTS=1 (two more gloo runs, ~25 s)")
 

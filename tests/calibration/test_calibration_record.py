@@ -90,7 +90,7 @@ def test_a_hosted_program_is_timed_in_rounds():
     from oresearcher.backends.calibration import steps_per_report
     from oresearcher.scenario import load_scenario
 
-    scenarios = Path(__file__).resolve().parents[1] / "scenarios"
+    scenarios = Path(__file__).resolve().parents[2] / "scenarios"
     hosted = load_scenario(scenarios / "alloc-8on4.yaml")
     assert steps_per_report(hosted) == hosted.communication.interval > 1
     assert steps_per_report(load_scenario(scenarios / "digits-4.yaml")) == 1
@@ -144,7 +144,7 @@ def test_fsdp_step_that_cannot_be_split_is_one_line(tmp_path):
 
 
 def test_fsdp_profile_header_says_what_was_scaled(tmp_path):
-    from sim.hardware import load_profile_file
+    from oresearcher.hardware import load_profile_file
 
     write_profile(tmp_path / "p.yaml", _fsdp_record(), "cpu-cal", "gloo-cal", jitter=False)
     text = (tmp_path / "p.yaml").read_text()
@@ -161,7 +161,7 @@ def test_schedule_groups_by_hand():
     from oresearcher.scenario import load_scenario
     from oresearcher.models.sharding import scenario_plan
 
-    sc = load_scenario(Path(__file__).resolve().parents[1] / "scenarios" / "cpu-fsdp.yaml", ["agents.count=2"])
+    sc = load_scenario(Path(__file__).resolve().parents[2] / "scenarios" / "cpu-fsdp.yaml", ["agents.count=2"])
     plan = scenario_plan(sc)
     root, blocks = len(plan.root.shapes), [len(b.shapes) for b in plan.blocks]
     params = root + sum(blocks)

@@ -24,7 +24,7 @@ from oresearcher.scenario import load_scenario
 from oresearcher.tasks import make_learner
 from oresearcher.testing import run_programs, tap
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DIGITS = ROOT / "scenarios" / "digits-4.yaml"
 PRIVATE = ["cooperation.privacy.enabled=true", "cooperation.privacy.noise_multiplier=1.0",
            "cooperation.privacy.clip_norm=1.0"]

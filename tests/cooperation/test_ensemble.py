@@ -18,7 +18,7 @@ from oresearcher.scenario import load_scenario
 from oresearcher.tasks import make_learner
 from oresearcher.testing import run_programs, tap
 
-HETERO = Path(__file__).resolve().parents[1] / "scenarios" / "digits-hetero.yaml"
+HETERO = Path(__file__).resolve().parents[2] / "scenarios" / "digits-hetero.yaml"
 C = 10
 
 

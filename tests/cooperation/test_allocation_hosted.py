@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 from oresearcher.cooperation import scheduler as S
 from oresearcher.programs.cooperative_hosted import device_time_vs_shares
 from oresearcher.scenario import load_scenario
-from sim.hardware import builtin_profiles
-from sim.swap import swap_seconds
+from oresearcher.hardware import builtin_profiles
+from oresearcher.sim.swap import swap_seconds
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_placement_blocks_and_refusals():
@@ -79,7 +79,7 @@ def test_exploited_agent_starts_fresh():
 
 
 def _sim(tmp_path, **alloc):
-    from sim.simulate import simulate
+    from oresearcher.sim.simulate import simulate
 
     sets = [f"cooperation.allocation.{k}={v}" for k, v in alloc.items()]
     sc = load_scenario(REPO / "scenarios" / "alloc-8on4.yaml", sets)
@@ -99,7 +99,7 @@ def test_sim_device_time_matches_shares(tmp_path):
 @pytest.mark.parametrize("setting", ["cooperation.replay.enabled=true", "communication.gradient_sharing=true"])
 def test_settings_it_does_not_run_are_refused(setting):
     from oresearcher.errors import UserError
-    from sim.simulate import simulate
+    from oresearcher.sim.simulate import simulate
 
     sc = load_scenario(REPO / "scenarios" / "alloc-8on4.yaml", [setting, "training.steps=20"])
     with pytest.raises(UserError, match=setting.split("=")[0]):
@@ -333,7 +333,7 @@ def test_sim_reports_the_metered_books():
 def test_sim_shape_mode_plans_in_units():
     """Shape mode: no values travel, nothing is measured, the plan stays in units (as
     before metering): every round hands out M x k x interval units, equal shares."""
-    from sim.simulate import simulate
+    from oresearcher.sim.simulate import simulate
 
     sets = ["simulation.mode=shape", "workload.task=synthetic-lm", "workload.model=gpt-tiny", "workload.seq_len=64"]
     sc = load_scenario(REPO / "scenarios" / "alloc-8on4.yaml", sets)

@@ -21,7 +21,7 @@ from oresearcher.tasks import make_learner
 from oresearcher.tasks.supervised import ShuffledBatches
 from oresearcher.testing import run_programs, tap
 
-DIGITS = Path(__file__).resolve().parents[1] / "scenarios" / "digits-4.yaml"
+DIGITS = Path(__file__).resolve().parents[2] / "scenarios" / "digits-4.yaml"
 
 
 def roundtrip(obj):

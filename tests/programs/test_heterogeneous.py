@@ -22,7 +22,7 @@ from oresearcher.tasks import make_learner
 from oresearcher.tasks.digits import load_splits
 from oresearcher.testing import run_programs, tap
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 HETERO = ROOT / "scenarios" / "digits-hetero.yaml"
 SMALL = ["training.steps=12", "communication.interval=6"]
 NO_DISTILL = ["distill.student=null"]

@@ -23,7 +23,7 @@ from oresearcher.scenario import load_scenario
 from oresearcher.tasks import make_learner
 from oresearcher.testing import run_programs, tap
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DIGITS = ROOT / "scenarios" / "digits-4.yaml"
 SMALL = ["training.steps=24", "communication.interval=6"]
 

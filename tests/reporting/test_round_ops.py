@@ -1,17 +1,13 @@
-"""benchmarks/alloc_ops.py: the op-by-op split of a hosted round on its critical rank,
+"""oresearcher.reporting.round_ops: the op-by-op split of a hosted round on its critical rank,
 on a hand-made trace (numbers checkable by hand)."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmarks"))
-
-import alloc_ops  # noqa: E402
+from oresearcher.reporting import round_ops as R
 
 
 def _write(tmp_path: Path) -> Path:
@@ -40,22 +36,22 @@ def _write(tmp_path: Path) -> Path:
 
 
 def test_critical_rank_split_by_hand(tmp_path):
-    (row,) = alloc_ops.critical_rounds(_write(tmp_path))  # round 1 skipped
+    (row,) = R.critical_rounds(_write(tmp_path))  # round 1 skipped
     assert row["rank"] == 1 and row["units"] == 10.0 and row["compute_ops"] == 4
     assert row["round"] == pytest.approx(0.020)
     assert row["swap in + out"] == pytest.approx(0.0005)
     assert row["agent steps (forward+backward, optimizer)"] == pytest.approx(0.012)
-    assert row[alloc_ops.GATHER_ROW] == pytest.approx(0.005)
+    assert row[R.GATHER_ROW] == pytest.approx(0.005)
     assert row["fusion"] == pytest.approx(0.0005)
-    assert row[alloc_ops.BETWEEN] == pytest.approx(0.020 - 0.018)  # 22.5-24 and 29.5-30 ms
+    assert row[R.BETWEEN] == pytest.approx(0.020 - 0.018)  # 22.5-24 and 29.5-30 ms
 
 
 def test_simulated_host_overhead_moves_to_between_ops(tmp_path):
     """The simulator adds its host overhead to every Compute span; the split moves it to
     "between ops", where the real run's Python time shows: 4 ops x 0.1 ms."""
-    (row,) = alloc_ops.critical_rounds(_write(tmp_path), host_s=1e-4)
+    (row,) = R.critical_rounds(_write(tmp_path), host_s=1e-4)
     assert row["agent steps (forward+backward, optimizer)"] == pytest.approx(0.012 - 2e-4)
-    assert row[alloc_ops.BETWEEN] == pytest.approx(0.002 + 4e-4)
+    assert row[R.BETWEEN] == pytest.approx(0.002 + 4e-4)
     assert row["round"] == pytest.approx(0.020)
 
 
@@ -64,24 +60,20 @@ def test_plan_units_price_the_critical_rank_at_the_planned_median(tmp_path):
     is planned at); in round 2 the critical rank's agent used 12 ms of device time in 10
     steps, cheaper than that price: the simulator hands it 12 / 1.5 = 8 units for those
     seconds, not the 10 steps it ran."""
-    import bench_allocation
-
     run = _write(tmp_path)
     report = json.loads((run / "report.json").read_text())
     for r, (first, second) in {"0": (0.004, 0.003), "1": (0.008, 0.012)}.items():
         report["metrics"][r][0][f"device_s.{r}"] = first
         report["metrics"][r][1][f"device_s.{r}"] = second
     (run / "report.json").write_text(json.dumps(report))
-    (row,) = alloc_ops.critical_rounds(run)
+    (row,) = R.critical_rounds(run)
     assert row["rank"] == 1 and row["units"] == 10.0
     assert row["device_s"] == pytest.approx(0.012)
     assert row["plan_unit_s"] == pytest.approx(0.0015)
-    assert alloc_ops.median_unit_s(report, 1) == pytest.approx((0.003 / 3 + 0.012 / 10) / 2)
-    assert bench_allocation.plan_units(row) == pytest.approx(8.0)
+    assert R.median_unit_s(report, 1) == pytest.approx((0.003 / 3 + 0.012 / 10) / 2)
+    assert R.plan_units(row) == pytest.approx(8.0)
 
 
 def test_plan_units_fall_back_to_units_without_device_time(tmp_path):
-    (row,) = alloc_ops.critical_rounds(_write(tmp_path))  # device_s 0: nothing metered
-    import bench_allocation
-
-    assert bench_allocation.plan_units(row) == 10.0
+    (row,) = R.critical_rounds(_write(tmp_path))  # device_s 0: nothing metered
+    assert R.plan_units(row) == 10.0

@@ -3,6 +3,8 @@ it shares zeros, and the average divides by the healthy agents, not all of them 
 and without a codec)."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -13,7 +15,7 @@ from oresearcher.programs.cooperative import _finite_buckets, _healthy_average
 from oresearcher.scenario import load_scenario
 from oresearcher.testing import run_programs
 
-SC = load_scenario("scenarios/digits-4.yaml")
+SC = load_scenario(Path(__file__).resolve().parents[2] / "scenarios" / "digits-4.yaml")  # at collection: anchored
 
 
 class _Grads:

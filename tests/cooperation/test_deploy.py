@@ -16,7 +16,7 @@ from oresearcher.tasks import make_learner
 from oresearcher.tasks.digits import build_model
 from oresearcher.testing import run_programs
 
-SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios"
+SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
 DIGITS4 = SCENARIOS / "digits-4.yaml"
 TINY = ["training.steps=4", "communication.interval=2"]
 

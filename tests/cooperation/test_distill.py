@@ -22,7 +22,7 @@ from oresearcher.tasks import make_learner
 from oresearcher.tasks.digits import PREPROCESSING, build_model
 from oresearcher.testing import run_programs
 
-HETERO = Path(__file__).resolve().parents[1] / "scenarios" / "digits-hetero.yaml"
+HETERO = Path(__file__).resolve().parents[2] / "scenarios" / "digits-hetero.yaml"
 SMALL = ["training.steps=8", "communication.interval=4", "cooperation.ensemble.epochs=5", "distill.steps=30"]
 
 
@@ -124,7 +124,7 @@ def test_shape_mode_prices_distillation_per_step():
     """A language-model cluster in shape mode: each distillation step adds the same
     simulated time (the teachers' forwards, the student's step, its all-reduce)."""
     simulate = pytest.importorskip("oresearcher.sim.simulate").simulate
-    tiny = Path(__file__).resolve().parents[1] / "scenarios" / "cpu-tiny.yaml"
+    tiny = Path(__file__).resolve().parents[2] / "scenarios" / "cpu-tiny.yaml"
     base = ["training.strategy=oresearcher", "training.steps=4", "communication.interval=2"]
     times = {}
     for steps in (0, 3, 6):
@@ -140,7 +140,7 @@ def test_shape_mode_prices_distillation_per_step():
 def test_a_task_without_distillation_support_is_one_line(tmp_path, capsys):
     from oresearcher.sim.__main__ import main as sim_main
 
-    cartpole = Path(__file__).resolve().parents[1] / "scenarios" / "cartpole-4.yaml"
+    cartpole = Path(__file__).resolve().parents[2] / "scenarios" / "cartpole-4.yaml"
     code = cli_main(sim_main, [str(cartpole), "--set", "distill.student=mlp", "--set", "training.steps=2", "--out",
                                str(tmp_path)])
     err = capsys.readouterr().err

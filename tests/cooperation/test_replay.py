@@ -266,7 +266,7 @@ from oresearcher.scenario import load_scenario  # noqa: E402
 from oresearcher.tasks import make_learner  # noqa: E402
 from oresearcher.testing import tap  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CARTPOLE = ROOT / "scenarios" / "cartpole-4.yaml"
 SHARED = ["training.steps=60", "communication.interval=30", "cooperation.replay.enabled=true",
           "cooperation.replay.sync_every=5", "cooperation.replay.quota=3"]

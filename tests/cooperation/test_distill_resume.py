@@ -1,7 +1,7 @@
 """A distillation phase interrupted and resumed gives the same student, and the shared
 replay pool feeds the student (oresearcher.cooperation.distill).
 
-In the reference interpreter, as tests/test_resume_state.py does for training: the
+In the reference interpreter, as tests/programs/test_resume_state.py does for training: the
 uninterrupted run snapshots every rank (learner, registered states, global RNG; through
 torch.save / torch.load(weights_only=True), as checkpoints are) at the last resume
 boundary, the end of cooperative training, which is where a run stopped during
@@ -21,7 +21,7 @@ from oresearcher.scenario import load_scenario
 from oresearcher.tasks import make_learner
 from oresearcher.testing import run_programs, tap
 
-HETERO = Path(__file__).resolve().parents[1] / "scenarios" / "digits-hetero.yaml"
+HETERO = Path(__file__).resolve().parents[2] / "scenarios" / "digits-hetero.yaml"
 SMALL = ["training.steps=8", "communication.interval=4", "cooperation.ensemble.epochs=5", "distill.steps=12"]
 REPLAY = ["cooperation.replay.enabled=true", "cooperation.replay.sync_every=2"]
 

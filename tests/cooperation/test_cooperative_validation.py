@@ -16,7 +16,7 @@ from oresearcher.scenario import load_scenario
 from oresearcher.tasks import make_learner
 from oresearcher.testing import run_programs, tap
 
-DIGITS = Path(__file__).resolve().parents[1] / "scenarios" / "digits-4.yaml"
+DIGITS = Path(__file__).resolve().parents[2] / "scenarios" / "digits-4.yaml"
 SETS = ["training.steps=12", "communication.interval=6", "cooperation.roles.policy=static",
         "agents.roles={explorer: 1, optimizer: 1, validator: 2}", "cooperation.roles.optimizer_method=swa"]
 

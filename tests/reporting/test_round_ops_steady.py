@@ -1,18 +1,16 @@
-"""benchmarks/bench_sim_to_real.py's steady figures of a real run (steps after the first
+"""oresearcher.reporting.round_ops.steady: the steady figures of a real run (steps after the first
 two: the slowest rank's step, the mean over ranks of the time blocked in communication,
 their ratio), which both sim-to-real chains compare with the simulator, on a hand-made
 report and trace."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-
-import bench_sim_to_real as bench  # noqa: E402
+from oresearcher.errors import UserError
+from oresearcher.reporting.round_ops import steady
 
 
 def _run(tmp_path: Path, ends: dict, blocked: dict) -> tuple[dict, Path]:
@@ -41,7 +39,7 @@ def test_steady_figures_leave_out_the_first_two_steps(tmp_path):
     blocked = {"0": [(0.2, 0.05), (0.35, 0.01), (0.45, 0.01), (0.55, 0.01), (0.65, 0.01)],
                "1": [(0.35, 0.01), (0.5, 0.02), (0.6, 0.02), (0.7, 0.02)]}
     report, run = _run(tmp_path, ends, blocked)
-    got = bench.steady(report, run)
+    got = steady(report, run)
     step = (0.78 - 0.42) / 3  # the slowest rank, steps 3..5
     exposed = (0.03 / 3 + 0.06 / 3) / 2  # blocked after each rank's second step end, per step, mean of ranks
     assert got["step_time_s"] == pytest.approx(step)
@@ -54,5 +52,5 @@ def test_steady_figures_leave_out_the_first_two_steps(tmp_path):
 
 def test_steady_figures_need_steps_past_the_warmup(tmp_path):
     report, run = _run(tmp_path, {"0": [0.3, 0.4]}, {"0": []})
-    with pytest.raises(SystemExit, match="more than 2 steps"):
-        bench.steady(report, run)
+    with pytest.raises(UserError, match="more than 2 steps"):
+        steady(report, run)
