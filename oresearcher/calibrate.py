@@ -85,6 +85,7 @@ from .calibration.profiles import (  # noqa: F401
 from .calibration.record import Measurement  # noqa: F401 (re-exported)
 from .scenario import role_mix
 from .errors import UserError
+from .hardware import load_profile_file
 from .scenario import load_raw, load_scenario
 from .scenario.shipped import find_scenario
 from .codecs.wire import ring_terms  # noqa: F401
@@ -178,6 +179,14 @@ def write_profile(path: Path, m: Measurement, device_name: str, fabric_name: str
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text)
+    try:  # what the simulator will refuse is refused here, where the cause is known
+        load_profile_file(tmp)
+    except UserError as e:
+        tmp.unlink()
+        raise UserError(f"{path}: the measured profile is not one the simulator can load ({str(e).split(': ', 1)[-1]}); "
+                        f"the fit found {fit.bandwidth_Bps / GB:.3g} GB/s and an in-run factor of "
+                        f"{m.inrun_factor:.3g}: a machine this busy cannot be calibrated, run it again when it is "
+                        "quieter") from None
     tmp.replace(path)
     return fit
 

@@ -49,6 +49,19 @@ def test_write_profile_takes_the_record_end_to_end(tmp_path):
     assert "ddp program declares 2e+09 FLOP" in (tmp_path / "p.yaml").read_text()
 
 
+def test_a_fit_the_simulator_would_refuse_is_refused_by_calibrate_and_nothing_is_written(tmp_path):
+    """Collectives timed on a machine too busy to measure (a MB taking seconds) fit a
+    bandwidth below what a fabric profile accepts: calibrate says so in one line and
+    leaves no profile behind, instead of a profile the simulator refuses later."""
+    from oresearcher.errors import UserError
+
+    slow = [{"kind": "AllReduce", "bytes": b, "time_s": 1e-4 + b / 1e5} for b in (1024, 65536, 2**20)]
+    with pytest.raises(UserError) as e:
+        write_profile(tmp_path / "p.yaml", record(collectives=slow), "cpu-cal", "gloo-cal")
+    assert "\n" not in str(e.value) and "cannot be calibrated" in str(e.value) and "GB/s" in str(e.value)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_host_too_busy_to_describe_is_capped_at_the_profiles_bound_and_still_loads(tmp_path):
     """A measured spread beyond what a device profile accepts (compute_jitter_cv <= 2) is
     written as the bound, said in the profile's comment, and the profile loads."""
