@@ -41,9 +41,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from oresearcher.hardware import GB
+
 from .engine import lognormal_params
 
-GB = 10**9
 # More random failures than this in one run: it is not getting anywhere (a year of simulated
 # time at an mtbf of one hour is 8,760); the simulator says so instead of running on.
 MAX_FAILURES = 20_000

@@ -16,7 +16,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from oresearcher.errors import UserError, short
 
 PROFILE_DIR = Path(__file__).parent / "profiles"
+# The units of numbers that carry one in their name (bandwidth_GBps, latency_us), defined here
+# once for the whole package: GB and MB are 10^9 and 10^6 bytes, as NCCL and vendors count
+# them; US is a microsecond in seconds.
 GB = 10**9
+MB = 10**6
 US = 1e-6
 
 
