@@ -26,7 +26,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedCo
 from rich.table import Table
 
 from oresearcher.reporting import plots
-from oresearcher.reporting.console import console, print_report
+from oresearcher.reporting.console import console, print_report, run_title
 from oresearcher.errors import UserError, cli_main
 from oresearcher.reporting.progress import ProgressLines
 from oresearcher.reporting.report import write_json
@@ -100,8 +100,7 @@ def cmd_simulate(args) -> int:
     scenario, report, tl = _run_one(args, args.set, "simulating steps")
     out = Path(args.out or f"runs/{scenario.name}")
     writable_dir(out)  # a file in the way, a read-only disk: one line, not a traceback
-    print_report(report, f"{scenario.name}: {scenario.training.strategy}, {report['world_size']} ranks, "
-                         f"{report['mode']} mode, {report['steps']} steps")
+    print_report(report, run_title(report))
     eng = report.get("engine")
     if eng:  # how the run was computed (sim/symmetry.py); the figures are the same either way
         how = (f"one process per class ({eng['processes']:,} for {report['world_size']:,} ranks)"

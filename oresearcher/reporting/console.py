@@ -43,6 +43,22 @@ def collective_table(breakdown: list[dict], steps: int, ws: int, waits: bool) ->
     return b
 
 
+def steps_title(report: dict) -> str:
+    """The run's steps: all of them, and for a resumed run where it resumed (its figures
+    are the mean over the steps run since)."""
+    start, ran = report.get("start_step") or 0, report["steps"]
+    return f"{start + ran:,} steps" + (f" (resumed at {start:,})" if start else "")
+
+
+def run_title(report: dict) -> str:
+    """The report table's title, for both CLIs: ``<scenario>: <strategy>, N ranks on
+    <backend>, <steps>``; a simulation names its mode where a real run names its backend."""
+    sc = report.get("scenario") or {}
+    where = f", {report.get('mode')} mode" if report["backend"] == "sim" else f" on {report['backend']}"
+    return (f"{sc.get('name')}: {(sc.get('training') or {}).get('strategy')}, {report['world_size']} ranks{where}, "
+            f"{steps_title(report)}")
+
+
 def print_report(report: dict, title: str, column: str = "predicted") -> None:
     t = Table(title=title, show_header=True, header_style="bold")
     t.add_column("per step (mean over ranks)")
