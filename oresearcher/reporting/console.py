@@ -82,9 +82,10 @@ def print_report(report: dict, title: str, column: str = "predicted") -> None:
     mem = report.get("memory")
     if mem:
         verdict = "[green]fits[/green]" if mem["fits"] else "[red]does NOT fit[/red]"
-        console.print(f"memory per GPU: {format_bytes(mem['total'])} ({verdict}; weights {format_bytes(mem['weights'])}, "
-                      f"grads {format_bytes(mem['grads'])}, optimizer {format_bytes(mem['optimizer_state'])}, "
-                      f"activations {format_bytes(mem['activations'])}, codec {format_bytes(mem['codec_buffers'])})")
+        b = {k: format_bytes(v) for k, v in mem.items() if k in ("total", "weights", "grads", "optimizer_state",
+                                                                 "activations", "codec_buffers")}
+        console.print(f"memory per GPU: {b['total']} ({verdict}; weights {b['weights']}, grads {b['grads']}, "
+                      f"optimizer {b['optimizer_state']}, activations {b['activations']}, codec {b['codec_buffers']})")
         if mem.get("advice"):
             console.print(f"  advice: {mem['advice']}")
     if report.get("final"):
