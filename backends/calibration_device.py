@@ -36,9 +36,9 @@ import yaml
 
 from oresearcher.backends import device_rates
 from oresearcher.calibration.profiles import profile_fields
+from oresearcher.hardware import US
 
 log = logging.getLogger("oresearcher.calibrate")
-US = 1e-6
 
 
 def square_gemm_rate(n: int, dtype: str = "fp32", repeats: int = 9, device="cpu") -> float:

@@ -69,18 +69,6 @@ def gather_timeline(tl: Timeline, rank: int, world: int) -> Optional[Timeline]:
     return Timeline.merge(parts, keep_spans=tl.keep_spans) if rank == 0 else None
 
 
-def final_metrics(tl: Timeline) -> dict:
-    """Mean over ranks of each numeric metric at its last recorded step."""
-    last: dict[str, list] = {}
-    for r in range(tl.world_size):
-        seen = {}
-        for _step, _t, m in tl.metrics[r]:
-            seen.update({k: v for k, v in m.items() if isinstance(v, (int, float)) and not isinstance(v, bool)})
-        for k, v in seen.items():
-            last.setdefault(k, []).append(float(v))
-    return {k: sum(v) / len(v) for k, v in sorted(last.items())}
-
-
 def distilled(learner, scenario, opts) -> dict:
     """Rank 0, after a distillation phase: the comparison (oresearcher.cooperation.distill) for the
     report, and the export with ``--export``."""
@@ -138,7 +126,6 @@ def _write_report_files(tl: Timeline, scenario, opts, start: int, wall: float, d
                         more: Optional[dict] = None) -> None:
     extra = {
         "strategy": scenario.training.strategy,
-        "final_metrics": final_metrics(tl),
         "start_step": start,
         "wall_time_s": wall,
         "device": str(device) if device.type == "cpu" else torch.cuda.get_device_name(device),

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from oresearcher.cooperation.deploy import exportable
 from oresearcher.errors import UserError
-from oresearcher.reporting.console import print_report
+from oresearcher.reporting.console import print_report, run_title
 from oresearcher.scenario import resume
 from oresearcher.tasks import batch_note
 
@@ -183,19 +183,10 @@ def _where(out: Path, world: int) -> str:
             else "no complete checkpoint to resume from")
 
 
-def steps_title(report: dict) -> str:
-    """The run's steps for a table's title: all of them, and for a resumed run where it
-    resumed (its figures are the mean over the steps run since)."""
-    start, ran = report.get("start_step") or 0, report["steps"]
-    return f"{start + ran:,} steps" + (f" (resumed at {start:,})" if start else "")
-
-
 def print_run_report(out: Path) -> None:
     """The results table of a finished run (its report.json), and distillation's lines."""
     report = json.loads((out / "report.json").read_text())
-    print_report(report, f"{report['scenario']['name']}: {report['scenario']['training']['strategy']}, "
-                         f"{report['world_size']} ranks on {report['backend']}, {steps_title(report)}",
-                 column="measured")
+    print_report(report, run_title(report), column="measured")
     for line in report_lines(report):  # distillation, the finance comparison, the export
         print(line)
     log.info("done; report: %s", out / "report.json")

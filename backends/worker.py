@@ -43,7 +43,6 @@ from .interpreter import Interpreter, make_clock
 from .launcher import EXIT_PEER_LOST, DistEnv, connect_store
 from .monitor import Monitor, post_user_error, user_error
 from .rank_report import REPORT_WRITTEN, deployed, gather_timeline, report_from_checkpoint, wait_for_report
-from .rank_report import final_metrics  # noqa: F401 -- part of this module's interface
 from .rank_report import write_report as _write_report  # a module global: tests replace it (bk_tiny, bk_kill)
 from .telemetry import Progress, TensorBoard, make_profiler
 

@@ -19,7 +19,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from oresearcher.sim.bench import REFERENCES, fmt_size, reference_check  # noqa: E402
+from oresearcher.reporting.units import format_bytes  # noqa: E402
+from oresearcher.sim.bench import REFERENCES, reference_check  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[1] / "tests" / "data"
 
@@ -36,8 +37,8 @@ def main(argv=None) -> int:
         print(f"\n{name}: {nodes} x {g} {r.device}, {r.intra}" + (f" + {inter}" if inter else "") + f", {launch}")
         print(f"{'size':>9} {'sim (us)':>10} {'meas (us)':>10} {'ratio':>6}  algorithm")
         for row, (s, t) in zip(rows, ref):
-            print(f"{fmt_size(s):>9} {row['time_us']:10.1f} {t:10.1f} {row['time_us'] / t:6.2f}  {row['algorithm']}")
-        print(f"error: {err:.1%}" + (f" (sizes >= {fmt_size(lo)})" if lo else ""))
+            print(f"{format_bytes(s, binary=True):>9} {row['time_us']:10.1f} {t:10.1f} {row['time_us'] / t:6.2f}  {row['algorithm']}")
+        print(f"error: {err:.1%}" + (f" (sizes >= {format_bytes(lo, binary=True)})" if lo else ""))
         ax.loglog([s for s, _ in ref], [t for _, t in ref], "s--", ms=3, label="published")
         ax.loglog([r["size_bytes"] for r in rows], [r["time_us"] for r in rows], "o-", ms=3, label="simulated")
         ax.set_xscale("log", base=2)

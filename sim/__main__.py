@@ -26,7 +26,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedCo
 from rich.table import Table
 
 from oresearcher.reporting import plots
-from oresearcher.reporting.console import console, print_report
+from oresearcher.reporting.console import console, print_report, run_title
 from oresearcher.errors import UserError, cli_main
 from oresearcher.reporting.progress import ProgressLines
 from oresearcher.reporting.report import write_json
@@ -34,9 +34,10 @@ from oresearcher.scenario import check_resize, load_scenario, parse_override
 from oresearcher.scenario.shipped import find_scenario
 from oresearcher.tasks import batch_note
 from oresearcher.reporting.trace import write_trace
+from oresearcher.reporting.units import format_bytes
 from oresearcher.files import writable_dir
 
-from .bench import OPS, bench_png, bus_factor, collective_bench, fmt_size, read_reference, reference_error
+from .bench import OPS, bench_png, bus_factor, collective_bench, read_reference, reference_error
 from .numeric_cost import numeric_note
 from .simulate import build_cluster, resolve_mode, simulate
 from .convergence import attach
@@ -99,8 +100,7 @@ def cmd_simulate(args) -> int:
     scenario, report, tl = _run_one(args, args.set, "simulating steps")
     out = Path(args.out or f"runs/{scenario.name}")
     writable_dir(out)  # a file in the way, a read-only disk: one line, not a traceback
-    print_report(report, f"{scenario.name}: {scenario.training.strategy}, {report['world_size']} ranks, "
-                         f"{report['mode']} mode, {report['steps']} steps")
+    print_report(report, run_title(report))
     eng = report.get("engine")
     if eng:  # how the run was computed (sim/symmetry.py); the figures are the same either way
         how = (f"one process per class ({eng['processes']:,} for {report['world_size']:,} ranks)"
@@ -215,7 +215,7 @@ def cmd_bench(args) -> int:
     for i, _ in enumerate(refs):
         t.add_column(f"ref {i + 1} (us)", justify="right")
     for r in rows:
-        t.add_row(fmt_size(r["size_bytes"]), f"{r['time_us']:,.2f}", f"{r['algbw_GBps']:.2f}", f"{r['busbw_GBps']:.2f}",
+        t.add_row(format_bytes(r["size_bytes"], binary=True), f"{r['time_us']:,.2f}", f"{r['algbw_GBps']:.2f}", f"{r['busbw_GBps']:.2f}",
                   r["algorithm"], *[f"{m[r['size_bytes']]:,.1f}" if r["size_bytes"] in m else "" for m in ref_time])
     console.print(t)
     errors = {label: reference_error(rows, ref) for label, ref in refs}

@@ -74,15 +74,6 @@ def reference_check(name: str, path) -> tuple[list[dict], list[tuple[int, float]
     return rows, ref, reference_error(rows, ref, r.min_size)
 
 
-def fmt_size(nbytes: int) -> str:
-    """Binary units, as message sizes are powers of two: 8 B, 64 KiB, 1.5 MiB, 8 GiB."""
-    for unit, k in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
-        if nbytes >= 1 << k:
-            v = nbytes / (1 << k)
-            return f"{v:.0f} {unit}" if v == int(v) else f"{v:.3g} {unit}"
-    return f"{nbytes} B"
-
-
 def default_sizes(lo: int = 8, hi: int = 8 * 2**30) -> list[int]:
     sizes, s = [], lo
     while s <= hi:

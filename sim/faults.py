@@ -41,9 +41,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from oresearcher.hardware import GB
+
 from .engine import lognormal_params
 
-GB = 10**9
 # More random failures than this in one run: it is not getting anywhere (a year of simulated
 # time at an mtbf of one hour is 8,760); the simulator says so instead of running on.
 MAX_FAILURES = 20_000
@@ -304,14 +305,14 @@ def checkpoint_bytes(scenario, learner, memory: dict | None) -> float:
 
 def fault_plan(scenario, device, ctxs, learner, memory) -> FaultPlan | None:
     """The plan for ``scenario``, or None when it has no faults section in force.
-    ``memory()``: the memory model's report (None for small tasks), asked only when needed."""
+    ``memory``: the memory model's report (:func:`oresearcher.sim.simulate.memory_report`; None for small tasks)."""
     spec = scenario.faults
     if not (spec.active or spec.price_checkpoints):
         return None
     seed = scenario.seed if spec.seed is None else spec.seed
     bw = float(getattr(device, "storage_bandwidth_GBps", 2.0)) * GB
     return FaultPlan(spec, scenario.world_size, scenario.training.steps, scenario.training.checkpoint_every,
-                     checkpoint_bytes(scenario, learner, memory()), bw, seed, ctxs, scenario.cluster.gpus_per_node)
+                     checkpoint_bytes(scenario, learner, memory), bw, seed, ctxs, scenario.cluster.gpus_per_node)
 
 
 def variant(scenario, keep: tuple = ()):

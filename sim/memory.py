@@ -31,6 +31,7 @@ from dataclasses import dataclass, replace
 from typing import Optional
 
 from oresearcher.models.workloads import LMCost
+from oresearcher.reporting.units import format_bytes
 
 OPTIMIZERS = ("adamw", "sgd")
 
@@ -50,14 +51,6 @@ def bytes_per_param(dtype: str, optimizer: str) -> tuple[int, int, int]:
     if dtype not in ("bf16", "fp16", "fp32"):
         raise ValueError(f"dtype must be bf16, fp16 or fp32, got {dtype!r}")
     return _BYTES_PER_PARAM["fp32" if dtype == "fp32" else "mixed", optimizer]
-
-
-def format_bytes(n: float) -> str:
-    """'12.3 GB' (10^9 bytes), or MB / kB / B for smaller amounts."""
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if abs(n) >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{int(n)} B"
 
 
 @dataclass(frozen=True)

@@ -62,9 +62,9 @@ import math
 from dataclasses import dataclass
 
 from oresearcher.codecs import wire
+from oresearcher.hardware import US
 
 PROTOCOLS = ("LL", "LL128", "Simple")
-US = 1e-6
 # NVLS: the tuner's derating of the links' rate (tuning.cc, "ratio *= 5.0/6.0"), the
 # largest chunk of one slice (enqueue.cc), and the chunk ladder below it.
 NVLS_EFFICIENCY = 5 / 6

@@ -148,18 +148,19 @@ def simulate(scenario: Scenario, *, mode: str | None = None, on_step=None,
     device, topo = build_cluster(scenario)
     faults = scenario.faults.active or scenario.faults.price_checkpoints
     classes, why = (None, "--exact") if exact else symmetry_classes(scenario, mode, device, faults or None)
+    memory = memory_report(scenario, device)  # the report's and the checkpoints' (sim/faults.py) figures
     try:
-        engine, tl = _run(scenario, mode, device, topo, on_step, keep_spans, classes)
+        engine, tl = _run(scenario, mode, device, topo, on_step, keep_spans, classes, memory)
     except SymmetryBroken as e:
         log.info("symmetry broken (%s): one process per rank", e)
         classes, why = None, str(e)
-        engine, tl = _run(scenario, mode, device, topo, on_step, keep_spans, None)
+        engine, tl = _run(scenario, mode, device, topo, on_step, keep_spans, None, memory)
     extra = {
         "mode": mode,
         "device": device.name,
         "fabric": {"intra_node": topo.intra.name, "inter_node": topo.inter.name if topo.inter else None},
         "ops_interpreted": engine.ops_done,
-        "memory": memory_report(scenario, device),
+        "memory": memory,
     }
     if engine.faults is not None and fault_baselines:  # time lost per fault, work recomputed, goodput
         def baseline_total(keep):
@@ -173,7 +174,7 @@ def simulate(scenario: Scenario, *, mode: str | None = None, on_step=None,
     return report, tl
 
 
-def _run(scenario, mode, device, topo, on_step, keep_spans, classes):
+def _run(scenario, mode, device, topo, on_step, keep_spans, classes, memory):
     """(engine, timeline) of one run: a program per rank, or per class's first rank."""
     n = scenario.world_size
     reps = [c[0] for c in classes] if classes else range(n)
@@ -190,5 +191,5 @@ def _run(scenario, mode, device, topo, on_step, keep_spans, classes):
     engine.on_step = on_step
     for c in ctxs:  # programs that time themselves (communication.budget) read simulated seconds
         c.clock = (lambda r: lambda: engine.now(r))(c.rank)
-    engine.faults = fault_plan(scenario, device, ctxs, learners[0], lambda: memory_report(scenario, device))
+    engine.faults = fault_plan(scenario, device, ctxs, learners[0], memory)
     return engine, engine.run([program(c, l) for c, l in zip(ctxs, learners)], classes)

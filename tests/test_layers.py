@@ -147,3 +147,21 @@ def test_few_top_level_modules():
 def test_no_long_library_module(module):
     lines = MODS[module].read_text().count("\n")
     assert lines <= MAX_LINES, f"{MODS[module].relative_to(ROOT)}: {lines} lines; split it by what its parts do"
+
+
+UNITS = {"GB", "MB", "KB", "GiB", "MiB", "KiB", "US", "MS", "NS"}  # names of unit constants
+
+
+def test_unit_constants_are_defined_once():
+    """A unit (GB = 10^9 bytes, US = 10^-6 s) has one definition the package imports: two
+    could disagree (10^9 against 2^30 bytes) without any test noticing."""
+    where: dict[str, list[str]] = {}
+    for m, p in MODS.items():
+        for node in ast.parse(p.read_text(), str(p)).body:
+            targets = node.targets if isinstance(node, ast.Assign) else \
+                [node.target] if isinstance(node, ast.AnnAssign) else []
+            for t in targets:
+                if isinstance(t, ast.Name) and t.id in UNITS:
+                    where.setdefault(t.id, []).append(m)
+    twice = {name: ms for name, ms in where.items() if len(ms) > 1}
+    assert twice == {}, f"import these from one module: {twice}"

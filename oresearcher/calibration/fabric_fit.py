@@ -8,9 +8,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..codecs.wire import ring_terms
+from ..hardware import GB, US
 
-GB = 10**9
-US = 1e-6
 MAX_BANDWIDTH_GBps = 1e4  # when the fit finds no bandwidth term at all
 WORKLOAD_WEIGHT = 5.0  # rows timed at the scenario's own sizes count this many times
 

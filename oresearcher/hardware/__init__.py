@@ -16,7 +16,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from oresearcher.errors import UserError, short
 
 PROFILE_DIR = Path(__file__).parent / "profiles"
+# The units of numbers that carry one in their name (bandwidth_GBps, latency_us), defined here
+# once for the whole package: GB and MB are 10^9 and 10^6 bytes, as NCCL and vendors count
+# them; US is a microsecond in seconds.
 GB = 10**9
+MB = 10**6
 US = 1e-6
 
 
@@ -287,11 +291,20 @@ def add_profiles(cat: dict, profiles: list, source: str) -> None:
         cat[key] = prof
 
 
-def catalogue(extra_files=(), base_dir: Path = Path(".")) -> dict:
-    """Built-in profiles plus those in ``extra_files`` (relative to ``base_dir``)."""
+def profile_path(f: str | Path, base_dir: Path) -> Path:
+    """Where a listed profile file is: as given when absolute, else under ``base_dir``."""
+    return Path(f) if Path(f).is_absolute() else base_dir / f
+
+
+def catalogue(extra_files=(), base_dir: Path = Path("."), missing_ok: bool = False) -> dict:
+    """Built-in profiles plus those in ``extra_files`` (relative to ``base_dir``). A listed
+    file that is not there is a UserError, or with ``missing_ok`` skipped (the scenario
+    check at load time, where the simulator reports it later)."""
     cat = dict(builtin_profiles())
     for f in extra_files:
-        path = Path(f) if Path(f).is_absolute() else base_dir / f
+        path = profile_path(f, base_dir)
+        if missing_ok and not path.is_file():
+            continue
         add_profiles(cat, load_profile_file(path), str(path))
     return cat
 

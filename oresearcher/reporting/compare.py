@@ -14,6 +14,7 @@ import math
 from pathlib import Path
 
 from ..errors import UserError, short
+from .units import format_bytes
 
 FIGURES = (
     ("step_time_s", "step time", "s"),
@@ -92,7 +93,7 @@ def fmt(value, unit: str) -> str:
         return f"{100 * value:.2f}%"
     if unit == "s":
         return f"{1e3 * value:,.3f} ms"
-    return f"{value / 1e6:,.3f} MB"
+    return format_bytes(value)  # as the run's own table prints it
 
 
 def worst_headline(rows: list[dict]) -> float:

@@ -5,17 +5,13 @@ from rich.console import Console
 from rich.table import Table
 
 from .final import deployable_line, final_table
+from .units import format_bytes
 
-GB = 10**9
 console = Console()
 
 
 def fmt_ms(x):
     return f"{x * 1e3:,.3f} ms"
-
-
-def fmt_bytes(x):
-    return f"{x / GB:,.3f} GB" if x >= 1e7 else f"{x / 1e6:,.3f} MB"
 
 
 def _algorithms(counts: dict) -> str:
@@ -40,11 +36,27 @@ def collective_table(breakdown: list[dict], steps: int, ws: int, waits: bool) ->
         cells = [row["name"], f"{row['count'] / steps / ws:.3g}", fmt_ms(row["time_s"] / steps / ws)]
         if waits:
             cells.append(fmt_ms(row.get("peer_wait_s", 0.0) / steps / ws))
-        cells.append(fmt_bytes(row["wire_bytes"] / steps / ws))
+        cells.append(format_bytes(row["wire_bytes"] / steps / ws))
         if algos:
             cells.append(_algorithms(row.get("algorithms") or {}))
         b.add_row(*cells)
     return b
+
+
+def steps_title(report: dict) -> str:
+    """The run's steps: all of them, and for a resumed run where it resumed (its figures
+    are the mean over the steps run since)."""
+    start, ran = report.get("start_step") or 0, report["steps"]
+    return f"{start + ran:,} steps" + (f" (resumed at {start:,})" if start else "")
+
+
+def run_title(report: dict) -> str:
+    """The report table's title, for both CLIs: ``<scenario>: <strategy>, N ranks on
+    <backend>, <steps>``; a simulation names its mode where a real run names its backend."""
+    sc = report.get("scenario") or {}
+    where = f", {report.get('mode')} mode" if report["backend"] == "sim" else f" on {report['backend']}"
+    return (f"{sc.get('name')}: {(sc.get('training') or {}).get('strategy')}, {report['world_size']} ranks{where}, "
+            f"{steps_title(report)}")
 
 
 def print_report(report: dict, title: str, column: str = "predicted") -> None:
@@ -58,7 +70,7 @@ def print_report(report: dict, title: str, column: str = "predicted") -> None:
         t.add_row("  of which waiting for slower peers", fmt_ms(report["peer_wait_time_s"]))
     t.add_row("exposed communication time", fmt_ms(report["exposed_comm_time_s"]))
     t.add_row("communication overhead (exposed / step)", f"{report['comm_overhead']:.2%}")
-    t.add_row("bytes on the wire per rank", fmt_bytes(report["wire_bytes_per_step"]))
+    t.add_row("bytes on the wire per rank", format_bytes(report["wire_bytes_per_step"]))
     if report.get("steps"):
         start = report.get("start_step") or 0  # a resumed run measures the steps run since the resume
         which = f"since the resume at {start:,}" if start else "warm-up included"
@@ -70,9 +82,10 @@ def print_report(report: dict, title: str, column: str = "predicted") -> None:
     mem = report.get("memory")
     if mem:
         verdict = "[green]fits[/green]" if mem["fits"] else "[red]does NOT fit[/red]"
-        console.print(f"memory per GPU: {fmt_bytes(mem['total'])} ({verdict}; weights {fmt_bytes(mem['weights'])}, "
-                      f"grads {fmt_bytes(mem['grads'])}, optimizer {fmt_bytes(mem['optimizer_state'])}, "
-                      f"activations {fmt_bytes(mem['activations'])}, codec {fmt_bytes(mem['codec_buffers'])})")
+        b = {k: format_bytes(v) for k, v in mem.items() if k in ("total", "weights", "grads", "optimizer_state",
+                                                                 "activations", "codec_buffers")}
+        console.print(f"memory per GPU: {b['total']} ({verdict}; weights {b['weights']}, grads {b['grads']}, "
+                      f"optimizer {b['optimizer_state']}, activations {b['activations']}, codec {b['codec_buffers']})")
         if mem.get("advice"):
             console.print(f"  advice: {mem['advice']}")
     if report.get("final"):

@@ -8,9 +8,12 @@ else a loss) with the rank's role, and names the deployable model:
 - after a distillation phase, the distilled student (``student_test_accuracy``);
 - for programs whose ranks train one shared model (ddp, fsdp; local_sgd and diloco after
   their last average), that model: the mean over ranks, which are equal or nearly so;
-- for the cooperative program without a student, no model is fused after the last round,
-  so the deployable one is the agent the validators scored most reliable at the end
-  (``final_reliability``), said as such.
+- for the cooperative program without a student, the fused agents: per architecture, the
+  plain mean of its healthy final agents, which is what ``run --export`` writes
+  (:mod:`oresearcher.cooperation.deploy`). No run evaluates that model on the test split
+  (a finance run's comparison does, per credit dataset), so its value is None;
+- hosted agents (``cooperation.allocation.agents_per_device`` > 1) are not fused at the
+  end: the agent the validators scored most reliable (``final_reliability``), said as such.
 
 Shape-mode simulations compute no values: no section.
 """
@@ -26,6 +29,7 @@ TASK_METRICS = (("test_accuracy", "test accuracy", True), ("test_return", "test 
                 ("task_loss", "training loss (task)", False), ("loss", "training loss", False))
 ROLES = ("explorer", "optimizer", "validator")  # the codes of oresearcher.cooperation.roles.ROLE_CODES
 SHARED_MODEL = ("ddp", "fsdp", "local_sgd", "diloco")
+FUSED = "the fused agents (per architecture, healthy ones averaged)"  # oresearcher.cooperation.deploy
 
 
 def _last(history: list[dict], key: str):
@@ -47,11 +51,14 @@ def _role(history: list[dict]) -> str:
     return "-"
 
 
-def final_section(metrics: dict, strategy: str | None, shard_group: int | None = None) -> dict | None:
+def final_section(metrics: dict, strategy: str | None, shard_group: int | None = None,
+                  hosted: bool = False, student: bool = False) -> dict | None:
     """``{"metric", "label", "agents": [{rank, role, value}], "deployable": {what, value}}``
     from a report's ``metrics`` (rank -> list of step dicts); None without a task metric.
     ``shard_group``: fsdp's sharded agents (``fsdp.replicas: fusion``), each that many
-    consecutive ranks; they are separate models, so the deployable one is an agent."""
+    consecutive ranks; they are separate models, so the deployable one is an agent.
+    ``hosted``: cooperative agents share devices and are not fused at the end; ``student``:
+    the scenario distils one (``distill.student``), deployed whether or not it was scored."""
     hist = {int(r): m for r, m in (metrics or {}).items() if m}
     for key, label, higher in TASK_METRICS:
         values = {r: _last(h, key) for r, h in sorted(hist.items())}
@@ -61,17 +68,20 @@ def final_section(metrics: dict, strategy: str | None, shard_group: int | None =
         return None
     agents = [{"rank": r, "role": _role(hist[r]), "value": v} for r, v in values.items()]
     got = [a for a in agents if a["value"] is not None]
-    student = [v for v in (_last(h, "student_test_accuracy") for h in hist.values()) if v is not None]
-    if student and key == "test_accuracy":
-        deploy = {"what": "distilled student", "value": student[0]}
+    scored = [v for v in (_last(h, "student_test_accuracy") for h in hist.values()) if v is not None]
+    if scored and key == "test_accuracy":
+        deploy = {"what": "distilled student", "value": scored[0]}
     elif strategy == "fsdp" and shard_group:
         deploy = _sharded_agent(hist, got, shard_group, label)
     elif strategy in SHARED_MODEL:
         deploy = {"what": f"the shared model ({strategy}; mean over ranks)",
                   "value": sum(a["value"] for a in got) / len(got)}
+    elif strategy == "oresearcher" and student:
+        deploy = {"what": "distilled student", "value": None}
+    elif strategy == "oresearcher" and not hosted:
+        deploy = {"what": FUSED, "value": None}
     elif strategy == "oresearcher" and any(_last(hist[a["rank"]], "final_reliability") is not None for a in got):
         best = max(got, key=lambda a: _last(hist[a["rank"]], "final_reliability") or -1.0)
-        # no model is fused after the last round; distill.student would make one of all
         deploy = {"what": f"agent {best['rank']}, the validators' pick", "value": best["value"], "rank": best["rank"]}
     else:
         pick = (max if higher else min)(got, key=lambda a: a["value"])
@@ -127,4 +137,6 @@ def final_table(section: dict, max_rows: int = 16) -> Table:
 
 def deployable_line(section: dict) -> str:
     d = section["deployable"]
+    if d["value"] is None:
+        return f"deployable model: {d['what']}, not scored"
     return f"deployable model: {d['what']}: {section['label']} {fmt_value(section['metric'], d['value'])}"

@@ -230,7 +230,9 @@ def summarize(tl: Timeline, scenario: dict, backend: str, extra: dict | None = N
     fsdp = sc.get("fsdp") or {}
     ranks = fsdp.get("replicas") == "fusion" and (sc.get("agents") or {}).get("count") or None
     size = ranks and (fsdp.get("shard_group_size") or ranks)  # 0: all ranks
-    final = final_section(report["metrics"], sc.get("training", {}).get("strategy"), size or None)
+    hosted = ((sc.get("cooperation") or {}).get("allocation") or {}).get("agents_per_device", 1) > 1
+    student = bool((sc.get("distill") or {}).get("student"))
+    final = final_section(report["metrics"], sc.get("training", {}).get("strategy"), size or None, hosted, student)
     if final:
         report["final"] = final
     if extra:

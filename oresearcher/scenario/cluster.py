@@ -61,15 +61,10 @@ def check_profiles(cluster: ClusterSpec, source: str, base_dir: Path) -> None:
     wrong). A listed profile file that is not there is left to the simulator, which
     reports it, and a name it could hold is not judged: the saved copy of a run
     (``runs/.../scenario.yaml``) keeps the relative paths of the scenario it came from."""
-    from ..hardware import add_profiles, builtin_profiles, load_profile_file, lookup
+    from ..hardware import catalogue, lookup, profile_path
 
-    cat, missing = dict(builtin_profiles()), False
-    for f in cluster.profile_files:
-        path = Path(f) if Path(f).is_absolute() else base_dir / f
-        if path.is_file():
-            add_profiles(cat, load_profile_file(path), str(path))
-        else:
-            missing = True
+    cat = catalogue(cluster.profile_files, base_dir, missing_ok=True)
+    missing = any(not profile_path(f, base_dir).is_file() for f in cluster.profile_files)
     tiers = [(f"network.tiers[{i}].fabric", t.fabric) for i, t in enumerate(cluster.network.tiers)] \
         if cluster.network else []
     for kind, field, name in [(k, f, getattr(cluster, f)) for k, f in (

@@ -31,7 +31,7 @@ def same_result(got: dict, want: dict) -> None:
     """Reports of one training: the same steps and, per rank, the same metrics at every step
     (times are measurements of this host, not results)."""
     assert got["steps"] == want["steps"] == STEPS and got["world_size"] == want["world_size"]
-    assert got["final_metrics"] == want["final_metrics"]
+    assert got["final"] == want["final"]
     for r in want["metrics"]:
         assert [{k: v for k, v in m.items() if k != "time_s"} for m in got["metrics"][r]] == \
                [{k: v for k, v in m.items() if k != "time_s"} for m in want["metrics"][r]], r

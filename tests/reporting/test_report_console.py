@@ -27,3 +27,15 @@ def test_real_run_collectives_leave_out_what_the_backend_cannot_know():
     text = _render(collective_table(real, steps=200, ws=8, waits=False))
     assert "waiting" not in text and "algorithm" not in text
     assert "423.725 ms" in text  # in flight per step and rank: 677.96 / 200 / 8
+
+
+def test_both_clis_title_a_report_alike():
+    """python -m oresearcher.sim and python -m oresearcher.run title their table with one
+    function: the same scenario reads the same up to where the backend is named."""
+    from oresearcher.reporting.console import run_title
+
+    sc = {"name": "cpu-tiny", "training": {"strategy": "ddp"}}
+    sim = {"backend": "sim", "mode": "numeric", "world_size": 2, "steps": 1200, "scenario": sc}
+    real = {"backend": "gloo", "world_size": 2, "steps": 200, "start_step": 1000, "scenario": sc}
+    assert run_title(sim) == "cpu-tiny: ddp, 2 ranks, numeric mode, 1,200 steps"
+    assert run_title(real) == "cpu-tiny: ddp, 2 ranks on gloo, 1,200 steps (resumed at 1,000)"

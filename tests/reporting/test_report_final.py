@@ -1,7 +1,7 @@
 """The final task metric per agent and the deployable model (oresearcher.reporting.final)."""
 import math
 
-from oresearcher.reporting.final import deployable_line, final_section, final_table
+from oresearcher.reporting.final import FUSED, deployable_line, final_section, final_table
 from oresearcher.reporting.report import Timeline, summarize
 
 
@@ -18,7 +18,22 @@ def test_last_task_metric_per_agent_with_role_and_the_validators_pick():
     assert s["agents"] == [{"rank": 0, "role": "optimizer", "value": 0.90},
                            {"rank": 1, "role": "validator", "value": 0.80},  # the last value it recorded
                            {"rank": 2, "role": "explorer", "value": None}]
-    assert s["deployable"]["rank"] == 1 and s["deployable"]["value"] == 0.80  # most reliable, not best
+    assert s["deployable"] == {"what": FUSED, "value": None}  # what --export writes: no agent of them
+    hosted = final_section(metrics, "oresearcher", hosted=True)  # agents not fused at the end
+    assert hosted["deployable"]["rank"] == 1 and hosted["deployable"]["value"] == 0.80  # most reliable, not best
+
+
+def test_the_console_names_the_model_deploy_exports():
+    """A cooperative run without a student deploys (and --export writes) the fused agents
+    (oresearcher.cooperation.deploy); the report and the console say so, and that no figure
+    of it was measured, rather than naming one agent."""
+    metrics = {"0": _hist({"role": 1, "test_accuracy": 0.9, "final_reliability": 0.9}),
+               "1": _hist({"role": 2, "test_accuracy": 0.8, "final_reliability": 0.1})}
+    line = deployable_line(final_section(metrics, "oresearcher"))
+    assert line.startswith("deployable model: the fused agents") and "agent 0" not in line
+    assert line.endswith(", not scored") and len(line) < 100  # one line in the docs' 100-column blocks
+    assert final_section(metrics, "oresearcher", student=True)["deployable"] == {"what": "distilled student",
+                                                                                 "value": None}
 
 
 def test_student_shared_model_and_return_or_loss_fallbacks():
@@ -38,7 +53,7 @@ def test_no_section_without_values_and_the_table_caps_rows():
     assert final_section({"0": _hist({"role": 0, "lr": 0.1})}, "oresearcher") is None
     assert final_section({}, "ddp") is None
     many = {str(r): _hist({"test_accuracy": r / 100}) for r in range(40)}
-    s = final_section(many, "oresearcher")
+    s = final_section(many, "single")
     t = final_table(s, max_rows=16)
     assert t.row_count == 17  # 16 agents and a "24 more" row
     assert "0.3900" in deployable_line(s)  # the best by accuracy without reliabilities

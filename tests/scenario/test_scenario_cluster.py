@@ -48,3 +48,21 @@ def test_a_missing_profile_file_leaves_its_names_unjudged(tmp_path):
     with pytest.raises(UserError, match="unknown fabric profile 'loopbak'"):  # no file missing: judged
         load_scenario(scenario(tmp_path, dev="cpu-local", fab="loopbak", files="[]"))
 
+
+
+def test_load_time_and_the_simulator_build_one_catalogue(tmp_path):
+    """The load-time check and the simulator read profiles through one function: the same
+    paths (relative to the scenario, or absolute), the same refusals; only a missing file
+    is tolerated at load time."""
+    from oresearcher.hardware import catalogue
+
+    (tmp_path / "prof.yaml").write_text(PROFILE)
+    files = ["prof.yaml", str(tmp_path / "later.yaml")]
+    assert ("device", "cpu-calibrated") in catalogue(files, tmp_path, missing_ok=True)
+    with pytest.raises(UserError, match="later.yaml: no such profile file"):
+        catalogue(files, tmp_path)
+    (tmp_path / "later.yaml").write_text(PROFILE.split("---")[0].replace("cpu-calibrated", "cpu-later"))
+    assert catalogue(files, tmp_path, missing_ok=True) == catalogue(files, tmp_path)
+    (tmp_path / "prof.yaml").write_text(PROFILE.replace("cpu-calibrated", "cpu-local"))  # a shipped name
+    with pytest.raises(UserError, match="'cpu-local' is the name of a shipped profile"):
+        load_scenario(scenario(tmp_path, dev="cpu-local"))

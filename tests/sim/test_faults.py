@@ -212,3 +212,19 @@ def test_simulate_reports_time_lost_per_fault_and_the_trace_shows_them():
     con.print(F.faults_table(f))
     text = con.export_text()
     assert "rank 2 lost at 6.0 s: restart (delay 60 s" in text and f"goodput {f['goodput']:.1%}" in text
+
+
+def test_the_memory_model_runs_once_and_prices_the_checkpoints(monkeypatch):
+    """The report's memory figures and the bytes each checkpoint writes come from one run
+    of the memory model (a second run could differ from the first: they are one figure)."""
+    from oresearcher.sim import simulate as S
+
+    calls = []
+    real = S.memory_report
+    monkeypatch.setattr(S, "memory_report", lambda *a: calls.append(a) or real(*a))
+    sc = load_scenario("scenarios/8xA100.yaml", ["training.strategy=ddp", "training.steps=4",
+                                                 "training.checkpoint_every=2", "faults.price_checkpoints=true"])
+    report, _ = S.simulate(sc, keep_spans=0)
+    mem = report["memory"]
+    assert report["faults"]["checkpoints"]["bytes_per_rank"] == mem["weights"] + mem["optimizer_state"]
+    assert len(calls) == 2  # the run, and its fault-free baseline (a run of its own)

@@ -2,7 +2,8 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from oresearcher.sim.memory import bytes_per_param, estimate_memory, format_bytes
+from oresearcher.reporting.units import format_bytes
+from oresearcher.sim.memory import bytes_per_param, estimate_memory
 from oresearcher.models.workloads import LMCost, measure_lm
 
 GB = 10**9
@@ -52,12 +53,12 @@ def _fits(cost, m, ckpt, device, codec=0):
 
 
 @pytest.mark.parametrize("ckpt,device,advice,fix", [
-    # 16 GB model states + 0.1 GB codec; activations 2 GB/sample, 0.2 GB with checkpointing
-    (False, 20 * GB, "enable activation checkpointing (then 16.9 GB of 20.0 GB)", (4, True)),
-    (True, 16_500_000_000, "reduce micro batch from 4 to 2 (then 16.5 GB of 16.5 GB)",
+    # 16 GB model states + 0.100 GB codec; activations 2 GB/sample, 0.200 GB with checkpointing
+    (False, 20 * GB, "enable activation checkpointing (then 16.900 GB of 20.000 GB)", (4, True)),
+    (True, 16_500_000_000, "reduce micro batch from 4 to 2 (then 16.500 GB of 16.500 GB)",
      (2, True)),
     (False, 16_500_000_000, "enable activation checkpointing and reduce micro batch from "
-     "4 to 2 (then 16.5 GB of 16.5 GB)", (2, True)),
+     "4 to 2 (then 16.500 GB of 16.500 GB)", (2, True)),
 ])
 def test_advice_names_first_fix_and_it_fits(ckpt, device, advice, fix):
     cost = hand_cost()
@@ -71,14 +72,14 @@ def test_advice_names_first_fix_and_it_fits(ckpt, device, advice, fix):
 def test_advice_sharding_when_states_alone_do_not_fit():
     est = estimate_memory(hand_cost(), micro_batch=2, device_memory_bytes=15 * GB)
     assert est.advice == ("needs model sharding (training.strategy: fsdp): the weights+grads+optimizer "
-                          "state alone need 16.0 GB of 15.0 GB")
+                          "state alone need 16.000 GB of 15.000 GB")
     assert est.fix_micro_batch is None and est.fix_checkpointing is None
 
 
 def test_advice_sharding_when_even_smallest_setting_does_not_fit():
     est = estimate_memory(hand_cost(), micro_batch=2, device_memory_bytes=16_100_000_000)
     assert "needs model sharding" in est.advice
-    assert "even micro batch 1 with activation checkpointing needs 16.2 GB" in est.advice
+    assert "even micro batch 1 with activation checkpointing needs 16.200 GB" in est.advice
 
 
 def test_measured_cost_advice_really_fits():
@@ -98,9 +99,37 @@ def test_rejects_dtype_other_than_measured():
 
 
 def test_format_bytes():
-    assert format_bytes(80 * GB) == "80.0 GB"
-    assert format_bytes(1_500_000) == "1.5 MB"
-    assert format_bytes(12) == "12 B"
+    assert format_bytes(80 * GB) == "80.000 GB"
+    assert format_bytes(10**7) == "0.010 GB"  # GB from 10 MB up
+    assert format_bytes(1_500_000) == "1.500 MB"
+    assert format_bytes(0) == "0.000 MB"
+    assert format_bytes(8, binary=True) == "8 B"
+    assert format_bytes(64 * 2**10, binary=True) == "64 KiB"
+    assert format_bytes(3 * 2**19, binary=True) == "1.5 MiB"
+    assert format_bytes(1000 * 2**20, binary=True) == "1000 MiB"
+    assert format_bytes(8 * 2**30, binary=True) == "8 GiB"
+
+
+def test_the_advice_and_the_console_print_one_figure_alike():
+    """The memory line of the console and the advice under it name the same bytes the
+    same way (one formatter), so the two can be read against each other."""
+    from rich.console import Console
+
+    from oresearcher.reporting import console as C
+
+    est = estimate_memory(hand_cost(), micro_batch=2, device_memory_bytes=15 * GB)
+    mem = {k: getattr(est, k) for k in ("weights", "grads", "optimizer_state", "activations",
+                                        "codec_buffers", "total", "fits", "advice")}
+    rec = Console(record=True, width=400)
+    C.console, real = rec, C.console
+    try:
+        C.print_report({"memory": mem, "step_time_s": 1.0, "compute_time_s": 1.0, "comm_time_s": 0.0,
+                        "exposed_comm_time_s": 0.0, "comm_overhead": 0.0, "peer_wait_time_s": 0.0,
+                        "wire_bytes_per_step": 0.0, "breakdown": [], "steps": 1, "world_size": 1}, "t")
+    finally:
+        C.console = real
+    text = rec.export_text()
+    assert f"optimizer {format_bytes(est.optimizer_state)}" in text and f"of {format_bytes(15 * GB)}" in text
 
 
 hand_costs = st.builds(
