@@ -59,11 +59,15 @@ VARIANTS = {
 }
 DISTILLING = {"digits"}  # the tasks that can distil (an mlp student: the distillation rows)
 REPLAY = {"digits", "cartpole"}  # the tasks with a replay pool
+# the tasks whose loss takes a peer term (their learner has set_peer_term); elsewhere
+# cooperation.rewards.peer_term changes nothing, so its rows would only repeat the full method
+PEER_TERM = {"digits"}
+ONLY = {"+ distillation": DISTILLING, "+ fresh student": DISTILLING, "+ replay pool": REPLAY,
+        "+ agreement term": PEER_TERM, "+ diversity term": PEER_TERM}
 
 
 def variants_for(task: str) -> list[str]:
-    return [v for v in VARIANTS if (v not in ("+ distillation", "+ fresh student") or task in DISTILLING)
-            and (v != "+ replay pool" or task in REPLAY)]
+    return [v for v in VARIANTS if task in ONLY.get(v, (task,))]
 
 
 def run_variant(task: str, variant: str, seed: int, lr: float, size: str, steps: int | None = None) -> dict:

@@ -23,6 +23,17 @@ def test_every_variant_loads_and_changes_its_mechanism(task):
             B.TASKS[task] = saved
         assert (sc == full) == (v == "full"), v  # each variant is another scenario; the full one is the default
     assert ("+ fresh student" in A.variants_for(task)) == ("+ distillation" in A.variants_for(task)) == (task == "digits")
+    assert ("+ agreement term" in A.variants_for(task)) == ("+ diversity term" in A.variants_for(task)) \
+        == (task == "digits")
+
+
+def test_peer_term_rows_only_where_a_learner_takes_a_peer_term():
+    """A task whose learner has no set_peer_term ignores cooperation.rewards.peer_term: no row for it."""
+    tasks = Path(__file__).resolve().parents[1] / "oresearcher" / "tasks"
+    for task in B.TASKS:
+        source = "".join(f.read_text() for f in tasks.glob(task.replace("-", "_") + "*.py"))
+        assert source, task
+        assert ("def set_peer_term" in source) == (task in A.PEER_TERM), task
     assert A.main(["--variants", "no such thing"]) == 2
 
 
