@@ -4,6 +4,7 @@ plain counterpart) against the full method, at equal FLOPs, paired over seeds.
     python benchmarks/bench_ablation.py                       # digits, 5 seeds, lr x0.1/x1/x10
     python benchmarks/bench_ablation.py --tasks digits,finance --seeds 5 --json out.json
     python benchmarks/bench_ablation.py --quick               # CI-sized smoke (2 seeds, quick sizes)
+    python benchmarks/bench_ablation.py --summary benchmarks/results/ablation-*.json   # which mechanisms pay
 
 The runs are bench_cooperation.py's (the same scenarios, sizes, held-out seeds from 100,
 simulator in numeric mode, every Compute FLOP counted); the "full" row is the task's
@@ -170,6 +171,51 @@ def print_saved(path: str) -> int:
     return 0
 
 
+def pays(variant: str, d) -> str:
+    """What a row's interval says about its mechanism: the mechanism a row switches off
+    ("no ...", "plain ...") pays where the full method is better; the one a row adds
+    ("+ ...", off by default) pays where the variant is better."""
+    word = verdict_word(d)
+    if word in ("tie", "n/a"):
+        return word
+    adds = variant.startswith("+")
+    return "pays" if (word == "variant better") == adds else "costs"
+
+
+def summary(saved: dict, out=print) -> None:
+    """One table over tasks: per mechanism and task, at lr x0.1 / x1 / x10, whether it pays
+    (the paired 95% interval excludes 0 in its favour), costs, or ties."""
+    tasks = list(saved)
+    out("| mechanism | " + " | ".join(f"{t} (x0.1 / x1 / x10)" for t in tasks) + " |")
+    out("|---|" + "---|" * len(tasks))
+    names = [v for v in VARIANTS if v != "full"]
+    for v in names:
+        cells = []
+        for t in tasks:
+            runs = {float(k): r for k, r in saved[t]["runs"].items()}
+            if v not in runs[1.0]:
+                cells.append("-")
+                continue
+            cells.append(" / ".join(pays(v, paired_diff(runs[lr][v], runs[lr]["full"])) if v in runs.get(lr, {})
+                                    else "-" for lr in sorted(runs)))
+        out(f"| {v} | " + " | ".join(cells) + " |")
+    out("\npays: the mechanism the row switches off ('no ...', 'plain ...': the default has it) or adds ('+ ...': "
+        "off by default) improves the deployed model, the paired 95% interval over the seeds excluding 0; "
+        "costs: it makes it worse; tie: the interval holds 0; -: not applicable to the task")
+
+
+def print_summary(paths: list[str]) -> int:
+    saved = {}
+    for path in paths:
+        try:
+            saved.update(json.loads(Path(path).read_text()))
+        except (OSError, ValueError) as e:
+            print(f"bench_ablation: cannot read {path}: {e}", file=sys.stderr)
+            return 2
+    summary(saved)
+    return 0
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tasks", default="digits")
@@ -182,9 +228,13 @@ def main(argv=None) -> int:
     p.add_argument("--jobs", type=int, default=1, help="processes running the seeds of a cell side by side")
     p.add_argument("--variants", help="comma-separated variants to run beside the full method (default all)")
     p.add_argument("--table", metavar="JSON", help="print the tables of a run saved with --json, run nothing")
+    p.add_argument("--summary", metavar="JSON", nargs="+",
+                   help="print one table of which mechanisms pay over the runs saved with --json, run nothing")
     args = p.parse_args(argv)
     if args.table:
         return print_saved(args.table)
+    if args.summary:
+        return print_summary(args.summary)
     tasks = args.tasks.split(",")
     try:
         lrs = tuple(float(x) for x in args.lrs.split(","))
