@@ -343,6 +343,16 @@ def sim_divergence() -> str:
     return fence("\n".join(lines))
 
 
+ABLATION = ("python benchmarks/bench_ablation.py --summary benchmarks/results/ablation-digits.json "
+            "benchmarks/results/ablation-finance.json benchmarks/results/ablation-synthetic-lm.json")
+
+
+def ablation_summary() -> str:
+    """Which mechanisms pay: the summary of the saved 5-seed ablation runs (the runs take
+    minutes each; their tables: python benchmarks/bench_ablation.py --table FILE)."""
+    return run(ABLATION, columns=200).strip("\n") + "\n"
+
+
 BLOCKS = [
     Block("sim-8xA100", "python -m oresearcher.sim scenarios/8xA100.yaml", sim_8xa100,
           images={"runs/8xA100/timeline.png": "docs/img/8xA100-timeline.png"}),
@@ -380,4 +390,5 @@ BLOCKS = [
     Block("sim-divergence", DIVERGE + " (stop, then skip)", sim_divergence, quick=False),
     Block("fsdp-zero2", FSDP7B + " --set fsdp.reshard_after_forward=false (and without)", fsdp_zero2, quick=False),
     Block("sim-hetero-phases", HETERO, sim_hetero_phases, quick=False),
+    Block("ablation-summary", ABLATION, ablation_summary),
 ]
