@@ -8,10 +8,15 @@ error line where the page shows a refusal (its `error:` line's first words).
 
 Each page runs in a directory of its own holding a copy of the repository's scenarios/
 and tests/data/ (the paths the commands name), so a command's runs/ land there and a
-later command on the page (a --resume, a compare, an export check) finds them. Commands
+later command on the page (a --resume, a compare, an export check) finds them. A refusal
+the page shows after a setup it describes in words (a directory holding a user's files, a
+profile with an impossible number, a finished run) gets that setup first (``SETUPS``).
+A refusal passes when the command exits 2 and its last line starts with the page's
+`error:` line (up to its first 40 characters). Commands
 that need hardware this machine may not have are listed and not run: `--backend=nccl`
 without a GPU, `torchrun`, `--sweep-backend ray` without ray. A command still running
-after --timeout seconds counts as a failure. Prints one row per command and exits 1 if
+after --timeout seconds counts as a failure. A working command the page shows a second
+time, with its output, ran the first time and is not run again. Prints one row per command and exits 1 if
 any command did not exit as documented.
 """
 from __future__ import annotations
@@ -96,6 +101,39 @@ def unavailable(cmd: Command) -> str | None:
     return None
 
 
+BAD_YAML = "cluster: {nodes: 1, gpus_per_node: 0, device: A100-SXM4-80GB, intra_node: nvswitch-a100}\n"
+TINY_FABRIC = ("kind: fabric\nname: gloo-x\ntopology: switch\nbandwidth_GBps: 1.0e-300\nefficiency: 1.0\n"
+               "base_latency_us: 50.0\nhop_latency_us: 20.0\n")
+
+
+def _user_files(cwd: Path) -> None:
+    (cwd / "mine" / "checkpoints").mkdir(parents=True)
+    (cwd / "mine" / "checkpoints" / "notes.txt").write_text("a user's file\n")
+
+
+def _finished_run(cwd: Path) -> None:
+    subprocess.run([sys.executable, "-m", "oresearcher.run", "--scenario", "scenarios/local-gloo.yaml", "--steps", "12",
+                    "--set", "training.lr=0.1", "--out", "runs/x", "--no-tensorboard", "--no-progress"],
+                   cwd=cwd, capture_output=True, check=True)
+
+
+# (page, a piece of the command) -> what the page describes in words before it
+SETUPS = {
+    ("scenarios.md", "oresearcher.sim bad.yaml"): lambda cwd: (cwd / "bad.yaml").write_text(BAD_YAML),
+    ("real-runs-safety.md", "--out mine --overwrite"): _user_files,
+    ("real-runs-safety.md", "profile_files=[prof.yaml]"): lambda cwd: (cwd / "scenarios" / "prof.yaml").write_text(
+        TINY_FABRIC),
+    ("real-runs.md", "--resume runs/x --lr=0.5"): _finished_run,
+}
+
+
+def setup(cmd: Command, cwd: Path) -> None:
+    text = " ".join(cmd.argv)
+    for (page, piece), make in SETUPS.items():
+        if cmd.page == page and piece in text:
+            make(cwd)
+
+
 def workdir(base: Path, page: str) -> Path:
     d = base / page.replace(".md", "")
     d.mkdir(parents=True)
@@ -118,7 +156,7 @@ def run(cmd: Command, cwd: Path, timeout: float) -> tuple[str, float, str]:
     last = err[-1] if err else ""
     if cmd.refusal is None:
         return ("ok" if p.returncode == 0 else f"FAIL rc={p.returncode}"), dt, last[:160]
-    good = p.returncode == 2 and last.startswith("error:") and cmd.refusal.split()[0] in last
+    good = p.returncode == 2 and last.startswith("error:") and last[len("error:"):].strip().startswith(cmd.refusal)
     return ("ok (refused)" if good else f"FAIL rc={p.returncode}"), dt, last[:160]
 
 
@@ -150,12 +188,16 @@ def main(argv=None) -> int:
             if not cmds:
                 continue
             cwd = workdir(base, page.name)
+            seen = set()
             for c in cmds:
                 total += 1
-                why = unavailable(c)
+                why = unavailable(c) or ("shown again with its output: run above" if c.refusal is None
+                                         and tuple(c.argv) in seen else None)
+                seen.add(tuple(c.argv))
                 if why:
                     print(f"{c.page}:{c.line:<4} {'skipped':<14} {'':>7}  {c.text[:100]}  ({why})", flush=True)
                     continue
+                setup(c, cwd)
                 verdict, dt, shown = run(c, cwd, args.timeout)
                 failed += not verdict.startswith("ok")
                 print(f"{c.page}:{c.line:<4} {verdict:<14} {dt:6.1f}s  {c.text[:100]}"
