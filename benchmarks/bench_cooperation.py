@@ -8,12 +8,13 @@
 Methods, all in the simulator's numeric mode (the same math as the real backends):
 ``single`` (one agent, the whole global batch), ``ddp`` (synchronous data parallel),
 ``diloco`` (periodic averaging + outer Nesterov), ``pbt`` (population-based training
-alone: exploit/explore every round, no roles, no fusion; benchmarks/coop_harness.py) and
+alone: exploit/explore every round, no roles, no fusion; oresearcher/programs/pbt.py) and
 ``oresearcher`` (the task's cooperative scenario, deploying the fused model: no
 distillation phase, which for a student of the agents' own architecture did not pay at
 equal compute; bench_ablation.py's "+ distillation" row).
 
-Equal compute: every Compute FLOP a program issues is counted (coop_harness): for the
+Equal compute: every Compute FLOP a program issues is counted
+(oresearcher/experiments/counted.py): for the
 cooperative program that includes the peers' forward passes of the shaped loss, the
 validators' evaluations, the ensemble fits and the distillation. The cooperative runs
 at lr x1 go first; each baseline's steps are then set so that its counted FLOPs match
@@ -32,11 +33,13 @@ an 8xA100 clock); "model" is only known at the end, where the table gives it.
 Every cell: mean [95% CI, t-distribution] and the median over seeds (held out from the
 seeds 0-2 the scenarios were tuned on). The verdict compares oresearcher with the best
 baseline of each cell by the paired difference over seeds. Printed as measured.
+
+The runs and verdicts are oresearcher/experiments/methods.py's; this script is their
+command line, tables and figures.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -44,150 +47,11 @@ import time
 from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import coop_harness as H  # noqa: E402
-from oresearcher.programs.divergence import AllExcluded, Diverged  # noqa: E402
+from oresearcher.experiments.methods import METHODS, TASKS, compute_shares, run_task, verdict, write_json  # noqa: E402
+from oresearcher.reporting.stats import ci95, mean_or_nan  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-A100 = ["cluster.device=A100-SXM4-80GB", "cluster.intra_node=nvswitch-a100", "cluster.gpus_per_node=8"]
-METHODS = {
-    "single": ["training.strategy=single", "agents.count=1", "agents.roles=null"],
-    "ddp": ["training.strategy=ddp"],
-    "diloco": ["training.strategy=diloco"],
-    "pbt": ["training.strategy=local_sgd"],  # the program is coop_harness.pbt
-    "oresearcher": ["training.strategy=oresearcher"],
-}
-# the cooperative settings of digits-4.yaml, for the scenarios that do not set them
-COOP = ["cooperation.roles={policy: dynamic, optimizer_method: swa}",
-        "cooperation.fusion={method: attention, temperature: 0.1, similarity_weight: 0.5}",
-        "cooperation.rewards={schedule: cosine}",
-        "cooperation.allocation={enabled: true, temperature: 0.1, floor: 0.5}"]
-# per task: scenario, target of the "agents" statistic, extra settings,
-# sizes {full|quick: (steps, communication.interval = H, distill.steps or 0)}
-TASKS = {
-    "digits": ("digits-4.yaml", 0.93, [],
-               {"full": (30, 10, 15), "quick": (12, 6, 6)}),
-    "cartpole": ("cartpole-4.yaml", 30.0, [], {"full": (150, 50, 0), "quick": (30, 15, 0)}),
-    "synthetic-lm": ("cpu-tiny.yaml", 0.5, [
-        "simulation.mode=numeric", "workload.seq_len=16", "training.lr=0.003",
-        "agents.roles={explorer: 1, optimizer: 2, validator: 1}", *COOP], {"full": (12, 4, 0), "quick": (8, 4, 0)}),
-    "finance": ("finance.yaml", 0.7, [
-        "agents.architectures=[]", "workload.model=credit-transformer", "agents.count=4",
-        "workload.global_batch=128", "agents.roles={explorer: 1, optimizer: 2, validator: 1}"],
-        {"full": (16, 8, 0), "quick": (12, 6, 0)}),
-}
-LR_MULTS = (0.1, 1.0, 10.0)
-
-
-def size_of(task: str, size: str) -> tuple[int, int, int]:
-    """(steps, communication.interval, distill.steps or 0) of ``size``: quick, full, or
-    designed (the scenario file's own steps and interval, distillation at its default)."""
-    from oresearcher.scenario import load_scenario
-
-    file, _, extra, sizes = TASKS[task]
-    if size != "designed":
-        return sizes[size]
-    sc = load_scenario(ROOT / "scenarios" / file, extra)
-    return sc.training.steps, sc.communication.interval, 0
-
-
-def scenario(task: str, method: str, seed: int, lr_mult: float, size: str, steps: int | None = None):
-    from oresearcher.scenario import load_scenario
-
-    file, _, extra, sizes = TASKS[task]
-    n, interval, distill = size_of(task, size)
-    agents = load_scenario(ROOT / "scenarios" / file, extra).agents.count  # kept on the A100 clock's 8 GPUs
-    sets = [*A100, f"agents.count={agents}", *extra, f"seed={seed}", f"communication.interval={interval}",
-            f"training.local_steps={interval}", f"training.eval_every={interval}"]
-    if distill:  # where a variant distils (distill.student)
-        sets.append(f"distill.steps={distill}")
-    base = load_scenario(ROOT / "scenarios" / file, sets)
-    # the student's lr is its own: the sweep mis-sets the agents' lr, not the deployment's
-    sets += [f"training.steps={steps or n}", f"training.lr={base.training.lr * lr_mult:g}", *METHODS[method]]
-    if method != "oresearcher":
-        sets.append("distill.student=null")
-    return load_scenario(ROOT / "scenarios" / file, sets)
-
-
-def agents_curve(report: dict) -> list[tuple[float, float]]:
-    """[(simulated time, mean over agents of the test metric)] at each evaluation."""
-    per_rank = [report["metrics"][r] for r in sorted(report["metrics"], key=int)]
-    evals = [[m for m in recs if "metric" in m] for recs in per_rank]
-    return [(max(e[k]["time_s"] for e in evals), statistics.mean(e[k]["metric"] for e in evals))
-            for k in range(min(len(e) for e in evals))]
-
-
-def run_one(task: str, method: str, seed: int, lr_mult: float, size: str, steps: int | None = None) -> dict:
-    sc = scenario(task, method, seed, lr_mult, size, steps)
-    t0 = time.perf_counter()
-    try:
-        report, learners, flops, by_name = H.simulate_counted(sc, H.pbt if method == "pbt" else None)
-    except (Diverged, AllExcluded) as e:  # a diverged run is a result too (e.g. lr x10)
-        return {"error": f"{type(e).__name__}: {str(e)[:120]}", "steps": sc.training.steps}
-    agents = statistics.mean(H.metric_of(l) for l in learners)
-    student = getattr(learners[0], "distill_result", None)
-    model = (student["metrics"]["student_test_accuracy"] if student else H.averaged_metric(learners))
-    curve = agents_curve(report)
-    hit = next((t for t, m in curve if m >= TASKS[task][1]), None)
-    return {"agents": agents, "model": float(model), "flops": flops, "by_name": by_name, "ttt": hit, "curve": curve,
-            "steps": sc.training.steps, "end_s": curve[-1][0] if curve else None,
-            "wall_s": time.perf_counter() - t0}
-
-
-def flops_at(steps: int, interval: int, per_step: float, per_round: float) -> float:
-    """A baseline's FLOPs: ``per_step`` each step plus ``per_round`` at every round end
-    but the last (PBT's validation; zero for single/ddp; DiLoCo's outer step)."""
-    return steps * per_step + (-(-steps // interval) - 1) * per_round
-
-
-def equal_compute_steps(task: str, method: str, seed: int, size: str, target: float) -> int:
-    """Steps that give ``method`` ``target`` FLOPs, from runs of one and two rounds."""
-    interval = size_of(task, size)[1]
-    one, two = (run_one(task, method, seed, 1.0, size, steps=k * interval)["flops"] for k in (1, 2))
-    per_step, per_round = one / interval, two - 2 * one
-    return min(range(1, 100 * size_of(task, size)[0]),
-               key=lambda k: (abs(flops_at(k, interval, per_step, per_round) - target), k))
-
-
-def run_task(task: str, seeds: list[int], size: str, methods: list[str], log=print, lrs=LR_MULTS,
-             pool=None) -> dict:
-    """{lr_mult: {method: [run per seed]}}, baselines at the cooperative program's compute.
-    ``pool``: a multiprocessing pool that runs the seeds of one cell side by side."""
-    out = {m: {} for m in lrs}
-    starmap = pool.starmap if pool is not None else lambda f, args: [f(*a) for a in args]
-    coop = starmap(run_one, [(task, "oresearcher", s, 1.0, size) for s in seeds])
-    out[1.0]["oresearcher"] = coop
-    target = statistics.mean(r["flops"] for r in coop if "flops" in r)
-    steps = {"oresearcher": None}
-    for m in methods:
-        if m == "oresearcher":
-            continue
-        steps[m] = equal_compute_steps(task, m, seeds[0], size, target)
-        log(f"  {task}: {m} gets {steps[m]} steps for {target / 1e9:.3f} GFLOP")
-    for lr in lrs:
-        for m in methods:
-            if m not in out[lr]:
-                out[lr][m] = starmap(run_one, [(task, m, s, lr, size, steps[m]) for s in seeds])
-            ok = [r for r in out[lr][m] if "error" not in r]
-            log(f"  {task} lr x{lr:g} {m}: model {_mean([r['model'] for r in ok]):.4f}, "
-                f"agents {_mean([r['agents'] for r in ok]):.4f}, {len(ok)}/{len(seeds)} ran")
-    return {"target_flops": target, "steps": steps, "runs": out}
-
-
-def _mean(xs):
-    return statistics.mean(xs) if xs else float("nan")
-
-
-def ci95(xs: list[float]) -> tuple[float, float, float]:
-    """(mean, low, high): the t-distribution's 95% interval of the mean."""
-    from scipy import stats
-
-    m = statistics.mean(xs)
-    if len(xs) < 2:
-        return m, float("nan"), float("nan")
-    h = stats.t.ppf(0.975, len(xs) - 1) * statistics.stdev(xs) / len(xs) ** 0.5
-    return m, m - h, m + h
 
 
 def cell(xs: list[float], fmt: str) -> str:
@@ -195,37 +59,6 @@ def cell(xs: list[float], fmt: str) -> str:
         return "-"
     m, lo, hi = ci95(xs)
     return f"{fmt.format(m)} [{fmt.format(lo)}, {fmt.format(hi)}] med {fmt.format(statistics.median(xs))}"
-
-
-def paired(a: list[dict], b: list[dict], key: str) -> tuple[float, float, float] | None:
-    """95% CI of the mean of a - b over the seeds both ran."""
-    d = [x[key] - y[key] for x, y in zip(a, b) if "error" not in x and "error" not in y]
-    return ci95(d) if len(d) >= 2 else None
-
-
-def verdict(rows: dict, key: str) -> tuple[str, str]:
-    """(best baseline, 'wins'/'loses'/'ties' with the paired CI) for oresearcher."""
-    base = {m: _mean([r[key] for r in runs if "error" not in r]) for m, runs in rows.items() if m != "oresearcher"}
-    if "oresearcher" not in rows or not base:
-        return "-", "-"
-    best = max(base, key=lambda m: (base[m], m))
-    p = paired(rows["oresearcher"], rows[best], key)
-    if p is None:
-        return best, "n/a"
-    m, lo, hi = p
-    word = "wins" if lo > 0 else "loses" if hi < 0 else "ties"
-    return best, f"{word} ({m:+.4f} [{lo:+.4f}, {hi:+.4f}])"
-
-
-def compute_shares(runs: list[dict]) -> str:
-    """Where the cooperative program's FLOPs go, summed over its runs (largest first)."""
-    total: dict = {}
-    for r in runs:
-        for k, v in r.get("by_name", {}).items():
-            total[k] = total.get(k, 0.0) + v
-    s = sum(total.values())
-    return ", ".join(f"{k} {v / s:.0%}" for k, v in sorted(total.items(), key=lambda kv: -kv[1]) if v / s >= 0.005) \
-        if s else ""
 
 
 def table(task: str, res: dict, seeds: list[int]) -> None:
@@ -245,7 +78,7 @@ def table(task: str, res: dict, seeds: list[int]) -> None:
                 continue
             hits = [r["ttt"] * 1e3 for r in ok if r["ttt"] is not None]
             ttt = f"{statistics.median(hits):.2f} ({len(hits)}/{len(ok)})" if hits else f"- (0/{len(ok)})"
-            flops = _mean([r["flops"] for r in ok]) / res["target_flops"]
+            flops = mean_or_nan([r["flops"] for r in ok]) / res["target_flops"]
             t.add_row(m + ("" if len(ok) == len(runs) else f" ({len(ok)}/{len(runs)} ran)"),
                       cell([r["model"] for r in ok], fmt), cell([r["agents"] for r in ok], fmt), ttt,
                       f"x{flops:.3f}", str(ok[0]["steps"]))
@@ -336,12 +169,6 @@ def main(argv=None) -> int:
     if args.json:
         write_json(args.json, results)
     return 0
-
-
-def write_json(path, results: dict) -> None:
-    """Every task's results with their raw runs (run keys as strings, for JSON)."""
-    Path(path).write_text(json.dumps(
-        {t: {**r, "runs": {str(k): v for k, v in r["runs"].items()}} for t, r in results.items()}, indent=1))
 
 
 if __name__ == "__main__":

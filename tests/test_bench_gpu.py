@@ -1,27 +1,25 @@
-"""benchmarks/bench_gpu.py end to end on the CPU (--dry-run): every row of the GPU check
-is produced, so the GPU machine's run is one command that has already run here."""
-import importlib.util
+"""benchmarks/bench_gpu.py end to end on the CPU (--dry-run), run as a user runs it: every
+row of the GPU check is produced, so the GPU machine's run is one command that has
+already run here."""
 import math
+import os
 import re
-from pathlib import Path
+import subprocess
+import sys
 
+import pytest
 import torch
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_gpu.py"
+
+def _bench(*argv):
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    return subprocess.run([sys.executable, "benchmarks/bench_gpu.py", *argv], capture_output=True, text=True, env=env)
 
 
-def _bench():
-    spec = importlib.util.spec_from_file_location("bench_gpu", BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def test_dry_run_prints_every_row_of_the_gpu_check(capsys):
-    torch.set_num_threads(1)
-    assert _bench().main(["--dry-run"]) == 0
-    out = capsys.readouterr().out
-    lines = out.splitlines()
+def test_dry_run_prints_every_row_of_the_gpu_check():
+    p = _bench("--dry-run")
+    assert p.returncode == 0, p.stderr[-2000:]
+    lines = p.stdout.splitlines()
     assert lines[0].startswith("bench_gpu on CPU dry run (profile cpu-local)")
     assert lines[1].split() == ["check", "measured", "model", "or", "target", "verdict"]
     rows = {re.split(r"\s{2,}", line)[0]: re.split(r"\s{2,}", line)[1:] for line in lines[3:]}
@@ -39,10 +37,10 @@ def test_dry_run_prints_every_row_of_the_gpu_check(capsys):
         assert rows[f"topk 1% @{n}"][0].startswith("exact ")
 
 
-def test_without_cuda_and_without_dry_run_is_one_line(capsys):
+def test_without_cuda_and_without_dry_run_is_one_line():
     if torch.cuda.is_available():
-        import pytest
         pytest.skip("this machine has CUDA")
-    assert _bench().main([]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
+    p = _bench()
+    assert p.returncode == 2
+    err = p.stderr.strip().splitlines()
     assert len(err) == 1 and "no CUDA device" in err[0]

@@ -26,6 +26,7 @@ LAYERS = [
     {"programs"},  # agent programs: generators of ops
     {"reporting"},
     {"sim"},  # interprets programs in simulated time
+    {"experiments"},  # equal-compute experiments: strategies compared, mechanisms ablated, in simulation
     {"calibration"},  # fits profiles to measurements
     {"backends"},  # interprets programs on torch.distributed
     {"run", "calibrate", "compare", "export"},  # the entry points

@@ -1,26 +1,25 @@
-"""benchmarks/bench_ablation.py: every variant is a valid scenario that changes what it
-says, the verdicts and the table by hand, bad arguments in one line."""
+"""The ablation (oresearcher.experiments.ablation): every variant is a valid scenario that
+changes what it says, the verdicts and the table by hand; its command line,
+benchmarks/bench_ablation.py, refuses bad arguments in one line."""
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
-sys.path.insert(0, str(BENCH))
-A = pytest.importorskip("bench_ablation")
-B = pytest.importorskip("bench_cooperation")
+from oresearcher.experiments import ablation as A
+from oresearcher.experiments import methods as M
+
+
+def _bench(*argv):
+    return subprocess.run([sys.executable, "benchmarks/bench_ablation.py", *argv], capture_output=True, text=True)
 
 
 @pytest.mark.parametrize("task", ["digits", "finance", "synthetic-lm"])
 def test_every_variant_loads_and_changes_its_mechanism(task):
-    full = B.scenario(task, "oresearcher", 100, 1.0, "quick")
+    full = M.scenario(task, "oresearcher", 100, 1.0, "quick")
     for v in A.variants_for(task):
-        saved = B.TASKS[task]
-        B.TASKS[task] = (saved[0], saved[1], [*saved[2], *A.VARIANTS[v][1]], saved[3])
-        try:
-            sc = B.scenario(task, "oresearcher", 100, 1.0, "quick")
-        finally:
-            B.TASKS[task] = saved
+        sc = A.variant_scenario(task, v, 100, 1.0, "quick")
         assert (sc == full) == (v == "full"), v  # each variant is another scenario; the full one is the default
     assert ("+ fresh student" in A.variants_for(task)) == ("+ distillation" in A.variants_for(task)) == (task == "digits")
     assert ("+ agreement term" in A.variants_for(task)) == ("+ diversity term" in A.variants_for(task)) \
@@ -29,23 +28,18 @@ def test_every_variant_loads_and_changes_its_mechanism(task):
 
 def test_peer_term_rows_only_where_a_learner_takes_a_peer_term():
     """A task whose learner has no set_peer_term ignores cooperation.rewards.peer_term: no row for it."""
-    tasks = Path(__file__).resolve().parents[1] / "oresearcher" / "tasks"
-    for task in B.TASKS:
+    tasks = Path(__file__).resolve().parents[2] / "oresearcher" / "tasks"
+    for task in M.TASKS:
         source = "".join(f.read_text() for f in tasks.glob(task.replace("-", "_") + "*.py"))
         assert source, task
         assert ("def set_peer_term" in source) == (task in A.PEER_TERM), task
-    assert A.main(["--variants", "no such thing"]) == 2
+    assert _bench("--variants", "no such thing").returncode == 2
 
 
 def test_pbt_off_really_turns_every_piece_off():
-    c = B.scenario("digits", "oresearcher", 100, 1.0, "quick").cooperation.roles
+    c = M.scenario("digits", "oresearcher", 100, 1.0, "quick").cooperation.roles
     assert c.lr_range[1] / c.lr_range[0] >= 10  # the default population spans at least 10x in lr
-    saved = B.TASKS["digits"]
-    B.TASKS["digits"] = (saved[0], saved[1], [*saved[2], *A.VARIANTS["no PBT"][1]], saved[3])
-    try:
-        r = B.scenario("digits", "oresearcher", 100, 1.0, "quick").cooperation.roles
-    finally:
-        B.TASKS["digits"] = saved
+    r = A.variant_scenario("digits", "no PBT", 100, 1.0, "quick").cooperation.roles
     assert r.lr_range == (1.0, 1.0) and r.knob_range == (1.0, 1.0) and r.exploit_fraction == 0 and r.perturb_factor == 1
 
 
@@ -68,10 +62,8 @@ def test_verdicts_and_table_by_hand():
     assert any(x.startswith("| full |") and "0.600" in x for x in lines)
 
 
-def test_bad_arguments_are_one_line(capsys):
-    assert A.main(["--tasks", "nope"]) == 2
-    assert A.main(["--lrs", "0.1,10"]) == 2
-    err = capsys.readouterr().err
-    assert A.main(["--table", "/nonexistent.json"]) == 2
-    err = err + capsys.readouterr().err
+def test_bad_arguments_are_one_line():
+    runs = [_bench("--tasks", "nope"), _bench("--lrs", "0.1,10"), _bench("--table", "/nonexistent.json")]
+    assert [p.returncode for p in runs] == [2, 2, 2]
+    err = "".join(p.stderr for p in runs)
     assert err.count("\n") == 3 and "bench_ablation:" in err
