@@ -32,6 +32,8 @@ VARIANTS = {
                ["cooperation.roles.lr_range=[1,1]", "cooperation.roles.knob_range=[1,1]",
                 "cooperation.roles.exploit_fraction=0", "cooperation.roles.perturb_factor=1"]),
     "no allocation": ("equal local steps for every agent", ["cooperation.allocation.enabled=false"]),
+    "lean validators": ("validators score on 1% of a round's FLOPs, not 10%: the rest goes to training",
+                        ["cooperation.roles.validation_share=0.01"]),
     "+ replay pool": ("a shared hard-example pool (off by default)", ["cooperation.replay.enabled=true"]),
     "+ agreement term": ("co-distillation toward the peers' mean (off by default)",
                          ["cooperation.rewards.peer_term=agreement"]),
