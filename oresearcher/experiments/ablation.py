@@ -125,6 +125,21 @@ def pays(variant: str, d) -> str:
     return "pays" if (word == "variant better") == adds else "costs"
 
 
+SAME = ("model", "agents", "flops", "curve")  # what two runs must share to count as one run
+
+
+def same_runs(rows: list[dict], full: list[dict]) -> bool:
+    """Every seed's run equals the full method's: deployed and agents' metrics, counted
+    FLOPs and the metric's curve against simulated time."""
+    return len(rows) == len(full) and all("error" not in a and all(a.get(k) == b.get(k) for k in SAME)
+                                          for a, b in zip(rows, full))
+
+
+def cell(variant: str, rows: list[dict], full: list[dict]) -> str:
+    """A summary cell: "same" where the variant ran the full method's runs, else :func:`pays`."""
+    return "same" if same_runs(rows, full) else pays(variant, paired_diff(rows, full))
+
+
 def table(task: str, res: dict, seeds: list[int], out=print) -> None:
     """One Markdown table per task: rows = variants, columns = lr multipliers."""
     lrs = list(res["runs"])
@@ -167,9 +182,10 @@ def summary(saved: dict, out=print) -> None:
             if v not in runs[1.0]:
                 cells.append("-")
                 continue
-            cells.append(" / ".join(pays(v, paired_diff(runs[lr][v], runs[lr]["full"])) if v in runs.get(lr, {})
+            cells.append(" / ".join(cell(v, runs[lr][v], runs[lr]["full"]) if v in runs.get(lr, {})
                                     else "-" for lr in sorted(runs)))
         out(f"| {v} | " + " | ".join(cells) + " |")
     out("\npays: the mechanism the row switches off ('no ...', 'plain ...': the default has it) or adds ('+ ...': "
         "off by default) improves the deployed model, the paired 95% interval over the seeds excluding 0; "
-        "costs: it makes it worse; tie: the interval holds 0; -: not applicable to the task")
+        "costs: it makes it worse; tie: the interval holds 0; same: every seed's run is the full method's "
+        "(metrics, FLOPs and curve: the setting changes nothing there); -: not applicable to the task")

@@ -67,3 +67,15 @@ def test_bad_arguments_are_one_line():
     assert [p.returncode for p in runs] == [2, 2, 2]
     err = "".join(p.stderr for p in runs)
     assert err.count("\n") == 3 and "bench_ablation:" in err
+
+
+def test_a_variant_that_runs_the_full_methods_runs_is_same_not_tie():
+    """A setting that changes nothing on a task (identical metrics, FLOPs and curve on every
+    seed) is "same" in the summary, not a tie; one differing curve makes it a tie again."""
+    from oresearcher.experiments.ablation import cell
+
+    full = [{"model": 0.7, "agents": 0.6, "flops": 1e9, "curve": [[0.1, 0.7]]} for _ in range(3)]
+    assert cell("lean validators", [dict(r) for r in full], full) == "same"
+    moved = [dict(r) for r in full]
+    moved[1] = dict(moved[1], curve=[[0.2, 0.7]])
+    assert cell("lean validators", moved, full) == "tie"
