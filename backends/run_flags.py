@@ -11,7 +11,7 @@ from pathlib import Path
 
 import yaml
 
-from oresearcher.errors import UserError
+from oresearcher.errors import Parser, UserError
 from oresearcher.scenario import resume, role_mix
 from oresearcher.scenario import check_resize, load_raw, load_scenario, output_dir, overridden, strategy_alias_error
 from oresearcher.scenario.shipped import find_scenario
@@ -69,15 +69,8 @@ def _int_at_least(lo: int):
 _nonneg_int, _pos_int = _int_at_least(0), _int_at_least(1)
 
 
-class _Parser(argparse.ArgumentParser):
-    """Flag mistakes are user errors: one line and exit code 2, not argparse's usage block."""
-
-    def error(self, message):
-        raise UserError(f"{message[:300]} (see --help)")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m oresearcher.run",
+    p = Parser(prog="python -m oresearcher.run",
                 description="Run the agent programs for real, on torch.distributed (gloo on CPUs, NCCL on GPUs).")
     p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo", help="gloo (CPU) or nccl (GPU)")
     p.add_argument("--scenario", help=f"scenario YAML (default {DEFAULT_SCENARIO}; with --resume, the run's saved copy)")

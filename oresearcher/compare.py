@@ -16,7 +16,7 @@ import argparse
 import math
 import sys
 
-from .errors import UserError, cli_main, short
+from .errors import Parser, UserError, cli_main, short
 from .reporting.compare import compare, mismatch, print_table, profile_lines, read_report, worst_headline
 
 
@@ -31,15 +31,8 @@ def _fraction(text: str) -> float:
     return v
 
 
-class _Parser(argparse.ArgumentParser):
-    """Flag mistakes are user errors: one line and exit code 2, not argparse's usage block."""
-
-    def error(self, message):
-        raise UserError(f"{message[:300]} (see --help)")
-
-
 def main(argv=None) -> int:
-    p = _Parser(prog="python -m oresearcher.compare", description=__doc__.split("\n")[0])
+    p = Parser(prog="python -m oresearcher.compare", description=__doc__.split("\n")[0])
     p.add_argument("predicted", help="the simulator's report.json (or its directory)")
     p.add_argument("measured", help="the real run's report.json (or its directory)")
     p.add_argument("--max-error", type=_fraction, help="exit 1 if step time or overhead is off by more (a fraction)")

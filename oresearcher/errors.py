@@ -6,6 +6,7 @@ traceback. Anything else is a bug and keeps its traceback.
 """
 from __future__ import annotations
 
+import argparse
 import reprlib
 import sys
 from typing import Any, Callable
@@ -27,6 +28,14 @@ def short(value: Any, limit: int = SHOWN) -> str:
 
 class UserError(Exception):
     """One line that tells the user what to fix; exit code 2."""
+
+
+class Parser(argparse.ArgumentParser):
+    """The entry points' argument parser: flag mistakes are user errors, one line and exit
+    code 2 through :func:`cli_main`, not argparse's usage block."""
+
+    def error(self, message):
+        raise UserError(f"{message[:300]} (see --help)")
 
 
 def cli_main(main: Callable[[list[str] | None], int | None], argv=None) -> int:

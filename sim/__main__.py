@@ -27,7 +27,7 @@ from rich.table import Table
 
 from oresearcher.reporting import plots
 from oresearcher.reporting.console import console, print_report, run_title
-from oresearcher.errors import UserError, cli_main
+from oresearcher.errors import Parser, UserError, cli_main
 from oresearcher.reporting.progress import ProgressLines
 from oresearcher.reporting.report import write_json
 from oresearcher.scenario import check_resize, load_scenario, parse_override
@@ -230,13 +230,6 @@ def cmd_bench(args) -> int:
     return 0
 
 
-class _Parser(argparse.ArgumentParser):
-    """Flag mistakes are user errors: one line and exit code 2, not argparse's usage block."""
-
-    def error(self, message):
-        raise UserError(f"{message[:300]} (see --help)")
-
-
 def _op(text: str) -> str:
     """A collective's name as OPS spells it; a near miss gets 'did you mean'."""
     if text in OPS:
@@ -271,7 +264,7 @@ def check_flags(args) -> None:
 
 
 def parse_args(argv):
-    p = _Parser(prog="python -m oresearcher.sim", description=__doc__.split("\n")[0])
+    p = Parser(prog="python -m oresearcher.sim", description=__doc__.split("\n")[0])
     p.add_argument("scenario", help="scenario YAML file, e.g. scenarios/8xA100.yaml; from another directory a "
                                     "shipped scenario's name (8xA100) finds it")
     p.add_argument("--out", help="output directory (default runs/<scenario name>)")
