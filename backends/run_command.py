@@ -18,8 +18,7 @@ from oresearcher.reporting.console import print_report, run_title
 from oresearcher.scenario import resume
 from oresearcher.tasks import batch_note
 
-from .run_flags import (  # noqa: F401 (the command's API: oresearcher.run re-exports it)
-    RESHARDABLE, SAVED_SCENARIO, build_parser, load, save_scenario, setup_logging)
+from .run_flags import RESHARDABLE, SAVED_SCENARIO, build_parser, load, save_scenario, setup_logging
 
 log = logging.getLogger("oresearcher.run")
 

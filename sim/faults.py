@@ -336,18 +336,16 @@ def fault_report(scenario, plan: FaultPlan, tl, baseline_total) -> dict:
     end = max((tl.step_ends[r][-1] for r in range(tl.world_size) if tl.step_ends[r]), default=0.0)
     total = end - (tl.t0 or 0.0)
     failures = plan.finish(tl, end)
-    total_of = baseline_total
-
-    base = total_of(())
+    base = baseline_total(())
     spec = scenario.faults
     out = {
         "time_fault_free_s": base, "time_total_s": total,
         "checkpoints": {"count": plan.checkpoints, "bytes_per_rank": plan.checkpoint_bytes,
                         "storage_bandwidth_GBps": plan.storage_Bps / GB, "seconds_each": plan.checkpoint_s,
                         "time_lost_s": plan.checkpoints * plan.checkpoint_s},
-        "stragglers": {"factors": plan.factors, "time_lost_s": total_of(("stragglers",)) - base if spec.stragglers else 0.0},
+        "stragglers": {"factors": plan.factors, "time_lost_s": baseline_total(("stragglers",)) - base if spec.stragglers else 0.0},
         "links": {"windows": [w.model_dump() for w in plan.links],
-                  "time_lost_s": total_of(("links",)) - base if spec.links else 0.0},
+                  "time_lost_s": baseline_total(("links",)) - base if spec.links else 0.0},
         "failures": failures,
         "work_recomputed_s": sum(f["recomputed_s"] for f in failures),
         "steps_recomputed": sum(f.get("steps_recomputed", 0) for f in failures),

@@ -11,6 +11,7 @@ import logging
 import torch
 
 from oresearcher.errors import UserError
+from oresearcher.hardware import catalogue, lookup
 from oresearcher.programs import AgentContext, get_program
 from oresearcher.reporting.report import Timeline, summarize
 from oresearcher.scenario import Scenario, scenario_dir
@@ -18,7 +19,6 @@ from oresearcher.tasks import make_learner
 
 from .engine import Engine
 from .faults import fault_plan, fault_report, variant
-from ..hardware import catalogue, lookup
 from .symmetry import SymmetryBroken, symmetry_classes
 from .topology import build_topology
 
@@ -49,7 +49,7 @@ def build_cluster(scenario: Scenario):
                         "the profile (oresearcher.calibrate writes it for such a scenario)")
     network = None
     if cl.network is not None:  # oresearcher/hardware/tiers.py: each tier's uplinks priced by its own fabric
-        from ..hardware.tiers import Tier
+        from oresearcher.hardware.tiers import Tier
 
         fabrics = [inter if t.fabric is None else lookup(cat, "fabric", t.fabric, f"{src}: cluster.network.tiers[{i}]"
                                                          ".fabric") for i, t in enumerate(cl.network.tiers)]
@@ -63,8 +63,7 @@ def memory_report(scenario: Scenario, device) -> dict | None:
     """Per-GPU memory estimate of an LM workload, or None for small tasks."""
     if scenario.workload.task != "synthetic-lm":
         return None
-    from oresearcher.models.workloads import per_rank_batch
-    from oresearcher.models.workloads import measure_lm
+    from oresearcher.models.workloads import measure_lm, per_rank_batch
 
     from .memory import estimate_memory
 

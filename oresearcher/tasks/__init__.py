@@ -9,8 +9,6 @@ else.
 from __future__ import annotations
 
 import importlib
-
-from ..models.workloads import per_rank_batch
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -39,6 +37,7 @@ def agent_model(scenario, rank: int, mode: str, models) -> tuple[str, int]:
     """(model name, per-rank batch) of a task that trains real values: refuses shape mode
     and a model the task does not have, in one line naming the task."""
     from ..errors import UserError
+    from ..models.workloads import per_rank_batch  # torch: only when a learner is built
 
     task = scenario.workload.task
     if mode == "shape":
@@ -53,6 +52,8 @@ def agent_model(scenario, rank: int, mode: str, models) -> tuple[str, int]:
 def batch_note(scenario) -> str | None:
     """One line when the agents' shares do not add up to ``workload.global_batch`` (it does
     not split evenly, or there are more agents than samples), else None."""
+    from ..models.workloads import per_rank_batch
+
     asked, agents = scenario.workload.global_batch, scenario.world_size
     per = per_rank_batch(scenario)
     if per * agents == asked:
