@@ -208,8 +208,8 @@ def main(argv=None) -> int:
           f"error {(pr - me) / me:+.1%}; run spread {spread([r['meas'] for r in reps]):.0%} "
           "((max - min) / median of the real runs: an error inside it is the host's own noise)")
     rows = list(reps[0]["pred_ops"])
-    round_ops.print_table({k: statistics.median(r["pred_ops"][k] for r in reps) for k in rows},
-                          {k: statistics.median(r["meas_ops"][k] for r in reps) for k in rows})
+    print("\n".join(round_ops.table_lines({k: statistics.median(r["pred_ops"][k] for r in reps) for k in rows},
+                                           {k: statistics.median(r["meas_ops"][k] for r in reps) for k in rows})))
     print(f"device time / shares per agent (relative error of each agent's fraction against its run's own "
           f"shares, rounds 2.., errors averaged over the {len(reps)} runs; metered real runs take different "
           "steps, so their losses and shares differ from run to run):")

@@ -112,14 +112,17 @@ def mean_ms(rows: list[dict]) -> dict:
     return {k: 1e3 * statistics.fmean(r[k] for r in rows) for k in rows[0] if k not in skip}
 
 
-def print_table(pred: dict, meas: dict) -> None:
-    print("op by op on each round's critical rank, ms per round (rounds 2..)  predicted  measured   error")
+def table_lines(pred: dict, meas: dict) -> list[str]:
+    """The op-by-op table of a round, predicted beside measured (ms per round)."""
+    lines = ["op by op on each round's critical rank, ms per round (rounds 2..)  predicted  measured   error"]
     for label in [lab for lab, _ in ROWS] + [BETWEEN, "round"]:
         p, m = pred[label], meas[label]
         e = f"{(p - m) / m:+7.1%}" if m > 0.05 else ""
-        print(f"  {label if label != 'round' else 'round time':64s} {p:9.2f} {m:9.2f} {e}")
+        lines.append(f"  {label if label != 'round' else 'round time':64s} {p:9.2f} {m:9.2f} {e}")
         if label == ROWS[1][0]:
-            print(f"    of which optimizer steps (the rate folds them into the FLOPs){'':14s}{meas['optimizer']:9.2f}")
+            lines.append(f"    of which optimizer steps (the rate folds them into the FLOPs){'':14s}"
+                         f"{meas['optimizer']:9.2f}")
+    return lines
 
 
 def plan_units(row: dict) -> float:

@@ -15,12 +15,16 @@
 """
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from .finance_data import HORIZON, INSTALL_HINT
+
+log = logging.getLogger(__name__)
 
 
 class TabularTransformer(nn.Module):
@@ -78,11 +82,11 @@ def garch_forecast(returns: np.ndarray, train_end: int, days: np.ndarray, horizo
 
 def garch_test_rmse() -> float | None:
     """RMSE of the GARCH(1,1) forecast on the S&P 500 test days (the volatility task's
-    classical baseline); None, with :data:`GARCH_SKIP` printed, without the arch package."""
+    classical baseline); None, with :data:`GARCH_SKIP` logged as a warning, without the arch package."""
     from .finance_data import load_sp500
 
     if not have_arch():
-        print(GARCH_SKIP)
+        log.warning(GARCH_SKIP)
         return None
     d = load_sp500()
     pred = garch_forecast(d.returns, d.train_end, d.day["test"].numpy())
