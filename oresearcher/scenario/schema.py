@@ -18,19 +18,20 @@ the code is seconds, bytes, bytes/s and FLOP/s.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal, Optional
+from typing import Annotated, Literal, Optional
 
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from .cooperation import CooperationSpec, DistillSpec
-from ..errors import UserError, short
+from ..errors import short
+from ..hardware import MB
 from .faults import FaultsSpec
 from .convergence import ConvergenceSpec
 from .cluster import ClusterSpec
 from .fsdp import check_fsdp, check_role_mix
 from .finance import FinanceSpec
-from .types import (  # noqa: F401 (MB, SLUG, strategy_alias_error: part of this module's API)
-    ALGORITHMS, MAX_BATCH, MAX_SEED, MAX_SEQ, MAX_STEPS, MAX_WORLD, MB, SLUG, STRATEGIES, CodecField, Float, Int, Name,
+from .types import (
+    ALGORITHMS, MAX_BATCH, MAX_SEED, MAX_SEQ, MAX_STEPS, MAX_WORLD, SLUG, STRATEGIES, CodecField, Float, Int, Name,
     Strict, strategy_alias_error)
 
 

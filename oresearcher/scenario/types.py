@@ -8,8 +8,6 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, PlainValidator
 
-from ..hardware import MB  # noqa: F401 (part of this module's API: scenario.schema re-exports it)
-
 MAX_WORLD = 16384  # ranks (nodes x gpus_per_node, agents): the largest clusters trained on today
 MAX_STEPS = 10**7
 MAX_BATCH = 2**20  # sequences per step
