@@ -34,6 +34,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from readme_blocks import BAD_YAML  # the bad scenario file scenarios.md shows refused
+
 ROOT = Path(__file__).resolve().parents[1]
 COMMAND = re.compile(r"^(?:\$ )?python -m (oresearcher\.[\w.]+)(.*)$")
 FENCE = re.compile(r"^```")
@@ -101,7 +103,6 @@ def unavailable(cmd: Command) -> str | None:
     return None
 
 
-BAD_YAML = "cluster: {nodes: 1, gpus_per_node: 0, device: A100-SXM4-80GB, intra_node: nvswitch-a100}\n"
 TINY_FABRIC = ("kind: fabric\nname: gloo-x\ntopology: switch\nbandwidth_GBps: 1.0e-300\nefficiency: 1.0\n"
                "base_latency_us: 50.0\nhop_latency_us: 20.0\n")
 
