@@ -63,6 +63,11 @@ def maxmin_rates(routes: Sequence[Sequence[int]], capacity: Sequence[float]) -> 
     return rate
 
 
+def _uniform(nbytes) -> bool:
+    """Whether every flow of a batch moves the same bytes."""
+    return nbytes.count(nbytes[0]) == len(nbytes)
+
+
 class _Batch:
     """Flows started together by one ``transfer`` call; done when all are.
 
@@ -145,21 +150,23 @@ class FlowNetwork:
             done.succeed()
             return done
         self._advance()
-        key, uniform = self._known(routes, lambda: self._shape_ids.setdefault(routes, len(self._shape_ids))), \
-            self._known(nbytes, lambda: all(x == nbytes[0] for x in nbytes))
+        key, uniform = self._known(routes, self._shape_id), self._known(nbytes, _uniform)
         self._batches.append(_Batch(routes, nbytes, done, key, uniform))
         self._reschedule()
         return done
 
+    def _shape_id(self, routes) -> int:
+        return self._shape_ids.setdefault(routes, len(self._shape_ids))
+
     def _known(self, obj, compute):
-        """``compute()`` for ``obj``, remembered by identity for long sequences (the engine
+        """``compute(obj)``, remembered by identity for long sequences (the engine
         passes its cached plans' tuples and lists again and again: hashing or scanning
         131,072 routes on every call would cost more than moving them)."""
         if len(obj) < 256:
-            return compute()
+            return compute(obj)
         hit = self._big.get(id(obj))
         if hit is None or hit[0] is not obj:
-            hit = self._big[id(obj)] = (obj, compute())
+            hit = self._big[id(obj)] = (obj, compute(obj))
         return hit[1]
 
     @property

@@ -87,6 +87,7 @@ class Timeline:
         self.t0: float | None = None
         self.step_ends = defaultdict(list)  # rank -> [time]
         self.metrics = defaultdict(list)  # rank -> [(step, t, {..})]
+        self._segments = {}  # record_group's cached stretches of class members (see _record_comm)
 
     def record(self, rank: int, cat: str, name: str, start: float, end: float,
                wire_bytes: int = 0, args: dict | None = None) -> None:
@@ -126,8 +127,10 @@ class Timeline:
         (``rep_of[r] != r``) adds only to the run-wide sums and its own wire bytes: it
         shares its representative's totals (:meth:`share`) and draws no span of its own.
         The sums add up in the same order as one record per rank would."""
-        if cat == "peer_wait" and all(t >= end for t in starts.values()):
+        if cat == "peer_wait" and min(starts.values()) >= end:
             return  # nobody waited (a symmetric class arrives all at once)
+        if cat == "comm" and rep_of is not None and not isinstance(rep_of, range):
+            return self._record_comm(ranks, rep_of, name, starts, end, wire or {}, args)
         wire = wire or {}
         c = self.collectives[name] if cat == "comm" else None
         algo = args.get("algorithm") if args else None
@@ -148,6 +151,44 @@ class Timeline:
                     self.algorithms[name][algo] += 1
             elif cat == "peer_wait":
                 self.waits[name] += end - start
+
+    def _record_comm(self, ranks, rep_of, name, starts, end, wire, args) -> None:
+        """record_group's "comm" case for a run with classes: the same sums in the same
+        order, with each stretch of members that share a representative added at once
+        (integers in bulk, the seconds one member after another, as they were)."""
+        key = (id(ranks), id(rep_of), id(wire))
+        hit = self._segments.get(key)
+        if hit is None or hit[0] is not ranks or hit[1] is not rep_of or hit[2] is not wire:
+            segs = []  # (rep, None, w) for a representative; (rep, [(rank, w)], sum w) for its members
+            for r in ranks:
+                rep, w = rep_of[r], int(wire.get(r, 0))
+                if rep == r:
+                    segs.append((r, None, w))
+                elif segs and segs[-1][1] is not None and segs[-1][0] == rep:
+                    segs[-1][1].append((r, w))
+                else:
+                    segs.append((rep, [(r, w)], 0))
+            segs = [(rep, m, w if m is None else sum(x for _, x in m)) for rep, m, w in segs]
+            if len(self._segments) > 1024:
+                self._segments.clear()
+            hit = self._segments[key] = (ranks, rep_of, wire, segs)
+        c = self.collectives[name]
+        algo = args.get("algorithm") if args else None
+        own_wire = self.wire
+        for rep, members, w in hit[3]:
+            start = starts[rep]
+            if members is None:
+                self.record(rep, "comm", name, start, end, w, args)
+                continue
+            d, s = end - start, c[1]
+            for r, x in members:
+                own_wire[r] += x
+                s += d
+            c[0] += len(members)
+            c[1] = s
+            c[2] += w
+            if algo:
+                self.algorithms[name][algo] += len(members)
 
     def add(self, span: Span) -> None:
         self.record(span.rank, span.cat, span.name, span.start, span.end, span.wire_bytes, span.args)
