@@ -44,7 +44,7 @@ def lognormal_params(cv: float) -> tuple[float, float]:
 
 def _meta(op) -> bool:
     t = getattr(op, "tensor", None)
-    return t is not None and t.device.type == "meta"
+    return t is not None and t.is_meta
 
 
 class CollectiveMismatch(O.ProgramError, RuntimeError):
@@ -167,76 +167,77 @@ class Engine:
         slow = self.faults.compute_factor(rank) if self.faults is not None else 1.0
         Compute, Collective, Swap = O.Compute, O.Collective, O.Swap
         pricing, owed_of, record = self.pricing, self.owed, tl.record
-        plain = rng is None  # no jitter to draw
         mult = 1 if self.members is None else len(self.members[rank])  # ranks this process stands for
         # Compute only touches this rank, so its time is owed lazily: consecutive Computes
         # cost one SimPy event, paid before the rank next meets others (exactly the same
         # times as one event each, far fewer events).
         owed = 0.0
         val = None
-        while True:
-            try:
-                op = gen.send(val)
-            except StopIteration:
+        n = 0  # ops run, added to the engine's counts when the rank stops
+        try:
+            while True:
+                try:
+                    op = gen.send(val)
+                except StopIteration:
+                    if owed:
+                        yield env.timeout(owed)
+                    return
+                val = None
+                n += 1
+                if isinstance(op, Compute):  # Swap too: priced at the host link (sim/swap.py)
+                    if op.fn is not None:
+                        val = op.fn(*op.args, **op.kwargs)
+                    if isinstance(op, Swap):
+                        priced = swap_seconds(self.device, op.nbytes)
+                    else:
+                        priced = pricing(op.name, op.flops) if pricing is not None else None
+                    dur = (op.flops / rate if priced is None else priced) + host
+                    if rho > 0:
+                        dur *= step_factor
+                    elif rng is not None:
+                        dur *= float(rng.lognormal(mu, sigma))
+                    if slow != 1.0:
+                        dur *= slow
+                    start = env.now + owed
+                    owed += dur
+                    owed_of[rank] = owed
+                    record(rank, "compute", op.name, start, start + dur)
+                    continue
                 if owed:
                     yield env.timeout(owed)
-                return
-            val = None
-            self.ops_done += mult
-            self.ops_run += 1
-            if isinstance(op, Compute):  # Swap too: priced at the host link (sim/swap.py)
-                if op.fn is not None:
-                    val = op.fn(*op.args, **op.kwargs)
-                if isinstance(op, Swap):
-                    priced = swap_seconds(self.device, op.nbytes)
-                else:
-                    priced = pricing(op.name, op.flops) if pricing is not None else None
-                dur = (op.flops / rate if priced is None else priced) + host
-                if plain:
-                    pass
-                elif rho > 0:
-                    dur *= step_factor
-                elif rng is not None:
-                    dur *= float(rng.lognormal(mu, sigma))
-                if slow != 1.0:
-                    dur *= slow
-                start = env.now + owed
-                owed += dur
-                owed_of[rank] = owed
-                record(rank, "compute", op.name, start, start + dur)
-                continue
-            if owed:
-                yield env.timeout(owed)
-                owed = self.owed[rank] = 0.0
-            if isinstance(op, Collective):
-                inst = self._arrive(rank, op, op.kind, *self._group(op.group))
-                if op.async_op:
-                    val = O.Handle(op, inst)
-                else:
+                    owed = self.owed[rank] = 0.0
+                if isinstance(op, Collective):
+                    inst = self._arrive(rank, op, op.kind, *self._group(op.group))
+                    if op.async_op:
+                        val = O.Handle(op, inst)
+                    else:
+                        val = yield from self._block(rank, inst)
+                elif isinstance(op, O.Wait):
+                    token = getattr(op.handle, "token", None)
+                    if not isinstance(token, _Instance):
+                        raise O.not_a_handle(rank, token)
+                    val = yield from self._block(rank, token)
+                elif isinstance(op, O.Send):
+                    # buffered, as in the reference interpreter and the real backend (isend):
+                    # the sender goes on; the transfer runs once the receiver posts its Recv
+                    self._arrive(rank, op, "SendRecv", (rank, op.dst), ("p2p", rank, op.dst))
+                elif isinstance(op, O.Recv):
+                    inst = self._arrive(rank, op, "SendRecv", (op.src, rank), ("p2p", op.src, rank))
                     val = yield from self._block(rank, inst)
-            elif isinstance(op, O.Wait):
-                token = getattr(op.handle, "token", None)
-                if not isinstance(token, _Instance):
-                    raise O.not_a_handle(rank, token)
-                val = yield from self._block(rank, token)
-            elif isinstance(op, O.Send):
-                # buffered, as in the reference interpreter and the real backend (isend):
-                # the sender goes on; the transfer runs once the receiver posts its Recv
-                self._arrive(rank, op, "SendRecv", (rank, op.dst), ("p2p", rank, op.dst))
-            elif isinstance(op, O.Recv):
-                inst = self._arrive(rank, op, "SendRecv", (op.src, rank), ("p2p", op.src, rank))
-                val = yield from self._block(rank, inst)
-            elif isinstance(op, O.StepDone):
-                if rho > 0:
-                    z = rho * z + math.sqrt(1 - rho * rho) * sigma * rng.standard_normal()
-                    step_factor = math.exp(mu + z)
-                tl.step_done(rank, op.step, env.now, op.metrics)
-                if self.on_step is not None:
-                    self.on_step(rank, op.step)
-                if self.faults is not None:
-                    yield from self.faults.after_step(env, tl, rank, op.step)
-            else:
-                raise O.not_an_op(rank, op)
+                elif isinstance(op, O.StepDone):
+                    if rho > 0:
+                        z = rho * z + math.sqrt(1 - rho * rho) * sigma * rng.standard_normal()
+                        step_factor = math.exp(mu + z)
+                    tl.step_done(rank, op.step, env.now, op.metrics)
+                    if self.on_step is not None:
+                        self.on_step(rank, op.step)
+                    if self.faults is not None:
+                        yield from self.faults.after_step(env, tl, rank, op.step)
+                else:
+                    raise O.not_an_op(rank, op)
+        finally:
+            self.ops_done += n * mult
+            self.ops_run += n
 
     def _block(self, rank, inst):
         start = self.env.now
@@ -333,7 +334,8 @@ class Engine:
         env = self.env
         last = env.now  # the last member just arrived: the others waited for it
         tl, rep_of, issued = self.tl, self.rep_of or range(self.world_size), inst.issued
-        tl.record_group(inst.ranks, rep_of, "peer_wait", inst.name, issued, last)
+        if min(issued.values()) < last:  # someone waited for the last member
+            tl.record_group(inst.ranks, rep_of, "peer_wait", inst.name, issued, last)
         inst.sizes = {O.payload_bytes(o) for o in inst.ops.values()}
         inst.results = self._results(inst)
         pl, steps, wire = self._plan(inst)
