@@ -78,6 +78,10 @@ def main(argv=None) -> int:
           f"{args.steps} steps, {tps} tokens/step")
     print(f"fit (seed {FIT_SEED}): L(D) = {c:.3f} + {b:.3g} / D^{beta:.3f}; target loss {target:.3f} "
           f"(three quarters of the fit run's drop, {fit_run[0]:.3f} -> {fit_run[-1]:.3f})")
+    own_fit = math.ceil(cv.tokens_to_loss(law, 1.0, target) / tps)
+    own_run = cv.first_at_or_below(fit_run, target)
+    print(f"the fit on its own run: {own_fit} steps to the target, the run itself {own_run} "
+          f"({own_fit / own_run - 1:+.1%}): the form's error, before any multiplier")
     proxy_m = {}
     print(f"{'strategy':<12}{'proxy m':>17}{'held-out m':>11}{'measured':>9}  {'seeds':<16}{'law fit':>8}"
           f"{'error':>8}{'DDP / m':>8}{'error':>8}")

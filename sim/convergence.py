@@ -26,7 +26,7 @@ from oresearcher.models import convergence as cv
 from oresearcher.errors import UserError
 from oresearcher.scenario import Scenario, validate
 
-METHOD = "proxy-v1"  # bump when what a cached curve means changes
+METHOD = "proxy-v2"  # bump when what a cached curve means changes
 
 
 def n_params(model: str) -> int:
@@ -80,10 +80,14 @@ def run_proxy(scenario: Scenario, data: dict, log=None) -> list[float]:
             return json.loads(path.read_text())["curve"][:steps]
         except (ValueError, KeyError, TypeError):
             pass  # a file cut short or not ours: run the proxy again and replace it
-    from .simulate import simulate
+    proxy = proxy_scenario(data, scenario)
+    if is_baseline(proxy) and proxy.training.strategy == "ddp":
+        curve = data_parallel_curve(proxy)
+    else:
+        from .simulate import simulate
 
-    report, _ = simulate(proxy_scenario(data, scenario), mode="numeric")
-    curve = cv.mean_curve(report["metrics"])
+        report, _ = simulate(proxy, mode="numeric")
+        curve = cv.mean_curve(report["metrics"])
     if log:
         log(f"convergence proxy: {data['training']['strategy']} seed {data['seed']}, {len(curve)} steps of "
             f"{data['workload']['model']} (cached in {root})")
@@ -95,6 +99,28 @@ def run_proxy(scenario: Scenario, data: dict, log=None) -> list[float]:
     except OSError as e:
         raise UserError(f"convergence.cache_dir {root}: cannot write the proxy's result ({e.strerror})") from None
     return curve[:steps]
+
+
+def data_parallel_curve(proxy: Scenario) -> list[float]:
+    """The mean loss per step of synchronous data parallel without a codec, computed as
+    what it is: one model (every agent's clone) stepping on the gradient of the mean loss
+    over all agents' batches, each agent's batch from its own stream. Averaging the
+    agents' gradients of their own mean losses gives the same gradient up to float
+    rounding (equal batches), in one forward and backward a step instead of one per
+    agent; tests/sim/test_convergence.py holds it to the simulated program's curve."""
+    from oresearcher.tasks import make_learner
+
+    learners = [make_learner(proxy, r, mode="numeric") for r in range(proxy.agents.count)]
+    one, streams = learners[0], [l.batches for l in learners]
+    curve = []
+    for _ in range(proxy.training.steps):
+        one.module.train()
+        one.optimizer.zero_grad(set_to_none=False)
+        loss = one.loss_fn(one.module, torch.cat([next(s) for s in streams]))
+        loss.backward()
+        one.optimizer.step()
+        curve.append(float(loss.detach()))
+    return curve
 
 
 def no_prediction(scenario: Scenario) -> str | None:

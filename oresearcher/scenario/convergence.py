@@ -42,7 +42,8 @@ class ConvergenceSpec(Strict):
                                          "final loss for training.steps")
     law: LawSpec = Field(default_factory=LawSpec, description="the base run's scaling law (default: Chinchilla)")
     proxy_model: Name = Field("gpt-proxy", description="synthetic-lm preset the efficiency proxy trains")
-    proxy_steps: Int = Field(300, ge=20, le=MAX_STEPS, description="steps per proxy run")
+    # 200: the proxy length whose multipliers benchmarks/bench_convergence.py carries to a larger model
+    proxy_steps: Int = Field(200, ge=20, le=MAX_STEPS, description="steps per proxy run")
     proxy_seq_len: Int = Field(64, ge=2, le=256, description="tokens per proxy sequence")
     proxy_batch: Int = Field(1, ge=1, le=64, description="proxy sequences per agent per step")
     proxy_seeds: Int = Field(3, ge=1, le=10, description="proxy seeds; their spread is the band")
