@@ -16,6 +16,7 @@ data-parallel baseline once and a rerun runs nothing.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import math
 from pathlib import Path
@@ -112,14 +113,11 @@ def data_parallel_curve(proxy: Scenario) -> list[float]:
 
     learners = [make_learner(proxy, r, mode="numeric") for r in range(proxy.agents.count)]
     one, streams = learners[0], [l.batches for l in learners]
+    one.batches = (torch.cat([next(s) for s in streams]) for _ in itertools.count())  # every agent's batch
     curve = []
     for _ in range(proxy.training.steps):
-        one.module.train()
-        one.optimizer.zero_grad(set_to_none=False)
-        loss = one.loss_fn(one.module, torch.cat([next(s) for s in streams]))
-        loss.backward()
-        one.optimizer.step()
-        curve.append(float(loss.detach()))
+        curve.append(one.forward_backward()["loss"])
+        one.optimizer_step()
     return curve
 
 

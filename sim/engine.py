@@ -205,7 +205,7 @@ class Engine:
                     continue
                 if owed:
                     yield env.timeout(owed)
-                    owed = self.owed[rank] = 0.0
+                    owed = owed_of[rank] = 0.0
                 if isinstance(op, Collective):
                     inst = self._arrive(rank, op, op.kind, *self._group(op.group))
                     if op.async_op:

@@ -126,31 +126,21 @@ class Timeline:
         ``end`` (spans that start at or after ``end`` are skipped), where a class member
         (``rep_of[r] != r``) adds only to the run-wide sums and its own wire bytes: it
         shares its representative's totals (:meth:`share`) and draws no span of its own.
-        The sums add up in the same order as one record per rank would."""
-        if cat == "peer_wait" and min(starts.values()) >= end:
-            return  # nobody waited (a symmetric class arrives all at once)
-        if cat == "comm" and rep_of is not None and not isinstance(rep_of, range):
+        The sums add up in the same order as one record per rank would; a run with classes
+        (``rep_of`` a list, not a range) records "comm" through :meth:`_record_comm`."""
+        if cat == "comm" and not isinstance(rep_of, range):
             return self._record_comm(ranks, rep_of, name, starts, end, wire or {}, args)
         wire = wire or {}
-        c = self.collectives[name] if cat == "comm" else None
-        algo = args.get("algorithm") if args else None
         for r in ranks:
             rep = rep_of[r]
             start = starts[rep]
-            if start >= end and cat == "peer_wait":
-                continue
-            w = int(wire.get(r, 0))
-            if rep == r:
-                self.record(r, cat, name, start, end, w, args)
-            elif c is not None:
-                self.wire[r] += w
-                c[0] += 1
-                c[1] += end - start
-                c[2] += w
-                if algo:
-                    self.algorithms[name][algo] += 1
-            elif cat == "peer_wait":
-                self.waits[name] += end - start
+            if cat == "peer_wait":
+                if start >= end:
+                    continue
+                if rep != r:
+                    self.waits[name] += end - start
+                    continue
+            self.record(r, cat, name, start, end, int(wire.get(r, 0)), args)
 
     def _record_comm(self, ranks, rep_of, name, starts, end, wire, args) -> None:
         """record_group's "comm" case for a run with classes: the same sums in the same
