@@ -68,7 +68,7 @@ class _Chain:
     (which yields events that never fail) at once, from the call that creates it (the
     last member's arrival), then from each event it waits on. A collective's run is waited
     on through its instance's ``done`` event, never through its process: two events
-    fewer per collective than ``env.process`` (57 to 41 in a data-parallel step). Starting at once rather
+    fewer per collective than ``env.process``. Starting at once rather
     than from an urgent event at the same time moves the run's first events ahead of what
     the arriving rank does next at that instant; every shipped scenario's report is
     byte-identical either way (tests/sim/test_scale.py holds the symmetric and exact

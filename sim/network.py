@@ -208,15 +208,24 @@ class FlowNetwork:
         if version != self._version:
             return  # superseded by a later change
         self._advance()
-        keep = []
+        keep, finished = [], []
         done_s = done_within(self.env.now)
         for b in self._batches:
             done = b.drop_done(done_s)
             if done:
-                b.event.succeed()
+                finished.append(b.event)
                 continue
             if done is not None:  # some flows left: the key of what is left (the flows by index)
                 b.key = self._shape_ids.setdefault((b.base_key, b.idx.tobytes()), len(self._shape_ids))
             keep.append(b)
         self._batches = keep
         self._reschedule()
+        # a finished batch's event is processed here, at this instant, as env.step would
+        # process it next (its waiter's next flow joins the network after the rates above
+        # are set, as it would); one event fewer per collective phase, and every shipped
+        # scenario's report byte-identical either way
+        for ev in finished:
+            ev._ok, ev._value = True, None
+            callbacks, ev.callbacks = ev.callbacks, None
+            for cb in callbacks:
+                cb(ev)
