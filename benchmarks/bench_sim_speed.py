@@ -6,7 +6,8 @@ and a sweep on a process pool against the same sweep one configuration after ano
 Targets (one core): 8 ranks x 10,000 steps <= 2 s; 1,024 GPUs (128 nodes x 8) x 100 steps
 <= 5 s; 16,384 GPUs (2,048 nodes x 8) x 10 steps <= 60 s with peak memory under 4 GB; a
 128-configuration sweep with 2 workers >= 1.8x faster than serial (the median speed-up of
-``--repeats`` side-by-side pairs: one pair swings by 0.5x on a shared VM). Each simulation case
+``--repeats`` side-by-side pairs, alternating which runs first: one pair swings by 0.5x on a
+shared VM). Each simulation case
 runs in a fresh Python process (its peak resident memory is its own, imports included)
 and prints wall seconds (median of repeats), the process's CPU seconds (on a shared
 machine the wall clock also counts other people's work), the ratio of each to the
@@ -56,19 +57,21 @@ def run_case(name: str, steps: int, repeats: int) -> dict:
             "peak_MB": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
-def sweep_speedup(configs: int, jobs: int) -> tuple[float, float, bool]:
-    """(serial s, pool s, identical reports) of one sweep over ``configs`` bucket sizes."""
+def sweep_speedup(configs: int, jobs: int, pool_first: bool = False) -> tuple[float, float, bool]:
+    """(serial s, pool s, identical reports) of one sweep over ``configs`` bucket sizes;
+    ``pool_first``: time the pool before the serial sweep (pairs alternate the order, so
+    a host speeding up or slowing down within a pair favours neither side)."""
     from oresearcher.sim.sweep import run_pool
 
     path, sets, _, _ = CASES["8 ranks x 10,000 steps"]
     grid = [[*sets, "training.steps=100", f"communication.bucket_size_MB={1 + i}"] for i in range(configs)]
     run_pool(path, grid[:1], None, 1)  # warm the caches the workers inherit
-    t0 = time.perf_counter()
-    serial = run_pool(path, grid, None, 1)
-    t1 = time.perf_counter()
-    pooled = run_pool(path, grid, None, jobs)
-    t2 = time.perf_counter()
-    return t1 - t0, t2 - t1, json.dumps(serial, sort_keys=True) == json.dumps(pooled, sort_keys=True)
+    out, took = {}, {}
+    for j in ((jobs, 1) if pool_first else (1, jobs)):
+        t0 = time.perf_counter()
+        out[j] = run_pool(path, grid, None, j)
+        took[j] = time.perf_counter() - t0
+    return took[1], took[jobs], json.dumps(out[1], sort_keys=True) == json.dumps(out[jobs], sort_keys=True)
 
 
 def main():
@@ -95,8 +98,9 @@ def main():
               f"{r['cpu'] / target:>9.2f}{r['ops']:>13,}{r['ops'] / r['cpu']:>12,.0f}{r['processes']:>7}"
               f"{r['peak_MB']:>9,.0f}")
     configs = 16 if args.quick else 128
-    # serial and pooled side by side, each repeat; the median of the repeats' speed-ups
-    runs = [sweep_speedup(configs, 2) for _ in range(repeats)]
+    # serial and pooled side by side, each repeat (alternating which goes first); the
+    # median of the repeats' speed-ups
+    runs = [sweep_speedup(configs, 2, pool_first=k % 2 == 1) for k in range(repeats)]
     speedups = sorted(s / p for s, p, _ in runs)
     serial, pooled = statistics.median(s for s, _, _ in runs), statistics.median(p for _, p, _ in runs)
     up = statistics.median(speedups)
