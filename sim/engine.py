@@ -70,9 +70,8 @@ class _Chain:
     on through its instance's ``done`` event, never through its process: two events
     fewer per collective than ``env.process``. Starting at once rather
     than from an urgent event at the same time moves the run's first events ahead of what
-    the arriving rank does next at that instant; every shipped scenario's report is
-    byte-identical either way (tests/sim/test_scale.py holds the symmetric and exact
-    engines to each other)."""
+    the arriving rank does next at that instant; every shipped scenario's report came
+    out byte-identical either way when the change was made."""
 
     __slots__ = ("gen",)
 

@@ -222,8 +222,8 @@ class FlowNetwork:
         self._reschedule()
         # a finished batch's event is processed here, at this instant, as env.step would
         # process it next (its waiter's next flow joins the network after the rates above
-        # are set, as it would); one event fewer per collective phase, and every shipped
-        # scenario's report byte-identical either way
+        # are set, as it would); one event fewer per collective phase (every shipped
+        # scenario's report came out byte-identical either way)
         for ev in finished:
             ev._ok, ev._value = True, None
             callbacks, ev.callbacks = ev.callbacks, None
