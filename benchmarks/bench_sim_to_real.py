@@ -46,7 +46,7 @@ from pathlib import Path
 import yaml
 
 from oresearcher.errors import UserError
-from oresearcher.reporting.round_ops import WARMUP, steady  # a real run's steady figures
+from oresearcher.reporting.round_ops import WARMUP, steady, trace_spans  # a real run's steady figures
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -98,9 +98,23 @@ def measure(path: Path, out: Path) -> dict:
     sh([sys.executable, "-m", "oresearcher.run", "--backend=gloo", "--scenario", str(path), "--out", str(out),
         "--no-tensorboard", "--no-progress"], f"real run of {path}")
     try:
-        return steady(json.loads((out / "report.json").read_text()), out)
+        report = steady(json.loads((out / "report.json").read_text()), out)
     except UserError as e:
         sys.exit(str(e))
+    return dict(report, blocked_by_name=real_blocked(report, out))
+
+
+def real_blocked(report: dict, run_dir: Path) -> dict:
+    """Seconds per step each collective (by name) held a rank blocked, mean over ranks,
+    over the steady steps (as :func:`steady` counts them)."""
+    spans = trace_spans(json.loads((run_dir / "trace.json").read_text()))
+    out = {}
+    for r, ms in report["metrics"].items():
+        t = [m["time_s"] for m in ms]
+        for s, e, name, lane in spans[int(r)]:
+            if lane == "blocked" and s >= t[WARMUP - 1]:
+                out[name] = out.get(name, 0.0) + (e - s) / (len(t) - WARMUP) / len(report["metrics"])
+    return out
 
 
 def predict(path: Path, profile: Path) -> dict:
@@ -109,8 +123,12 @@ def predict(path: Path, profile: Path) -> dict:
 
     scenario = load_scenario(path, [f"cluster.profile_files=[{profile}]", "cluster.device=cpu-calibrated",
                                     "cluster.intra_node=gloo-calibrated"])
-    report, _ = simulate(scenario)
-    return report
+    report, tl = simulate(scenario, keep_spans=10 ** 7)
+    blocked = {}
+    for sp in tl.spans:
+        if sp.cat == "blocked":
+            blocked[sp.name] = blocked.get(sp.name, 0.0) + (sp.end - sp.start) / report["steps"] / tl.world_size
+    return dict(report, blocked_by_name=blocked)
 
 
 def median_report(reports: list[dict], keys=("step_time_s", "compute_time_s", "comm_time_s", "exposed_comm_time_s",
@@ -138,6 +156,9 @@ def main(argv=None) -> int:
                     help="configuration numbers to run, 1-based (default: all three)")
     ap.add_argument("--calibrate-arg", action="append", default=[], metavar="ARG",
                     help="extra argument for oresearcher.calibrate (e.g. --no-jitter, --no-in-run), repeatable")
+    ap.add_argument("--per-collective", action="store_true",
+                    help="also print, per configuration, the ms per step each collective holds a rank blocked "
+                         "(peer wait and transfer), predicted against measured, each pair and the median")
     ap.add_argument("--keep", metavar="DIR",
                     help="write scenarios, profiles and runs to DIR (default: a new temporary directory)")
     args = ap.parse_args(argv)
@@ -168,12 +189,26 @@ def main(argv=None) -> int:
               f"{1e3 * meas['step_time_s']:.1f} ms, overhead {pred['comm_overhead']:.1%} vs {meas['comm_overhead']:.1%} "
               f"(steps {WARMUP + 1}..; with the first {WARMUP}: {1e3 * first['step_time_s']:.1f} ms, "
               f"{first['comm_overhead']:.1%})", flush=True)
+        if args.per_collective:
+            print_blocked(preds, meass)
     print_table(rows, args.markdown)
     print(f"load average (1 min) before {load_before:.2f}, after {os.getloadavg()[0]:.2f}; "
           f"{os.cpu_count()} cores; {args.repeats} repeat(s), medians")
     (work / "sim_to_real.json").write_text(json.dumps(rows, indent=1, default=float))
     print(f"scenarios, profiles, runs and sim_to_real.json in {work}")
     return 0 if all(abs(r["step_err"]) <= 0.15 and abs(r["overhead_err"]) <= 0.15 for r in rows) else 1
+
+
+def print_blocked(preds: list[dict], meass: list[dict]) -> None:
+    """Per collective name: ms per step blocked, predicted / measured, each pair, then the
+    medians; the names in order of the measured median, largest first."""
+    names = {n for r in preds + meass for n in r["blocked_by_name"]}
+    ms = lambda r, n: 1e3 * r["blocked_by_name"].get(n, 0.0)  # noqa: E731
+    med = {n: (statistics.median(ms(p, n) for p in preds), statistics.median(ms(m, n) for m in meass)) for n in names}
+    print("  blocked ms per step and rank, predicted / measured (each pair; median):")
+    for n in sorted(names, key=lambda n: -med[n][1]):
+        pairs = ", ".join(f"{ms(p, n):.1f}/{ms(m, n):.1f}" for p, m in zip(preds, meass))
+        print(f"    {n:<22} {pairs}; {med[n][0]:.1f}/{med[n][1]:.1f}")
 
 
 def print_table(rows, markdown: bool) -> None:
