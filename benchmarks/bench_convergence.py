@@ -65,6 +65,10 @@ def main(argv=None) -> int:
     p.add_argument("--lr", type=float, default=3e-4, help="learning rate (default: scenarios/8xA100.yaml's)")
     p.add_argument("--interval", type=int, default=50)
     p.add_argument("--agents", type=int, default=4, help="agents (roles: half explorers, one validator)")
+    p.add_argument("--levels", action="store_true",
+                   help="also print, for each strategy and both models, data parallel's steps over the strategy's at "
+                        "each loss level the multiplier takes its median over (first seed), by the fraction of data "
+                        "parallel's drop")
     args = p.parse_args(argv)
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
 
@@ -107,12 +111,30 @@ def main(argv=None) -> int:
         own_txt = f"{median(x for x in own if x):.2f}" if any(own) else "-"
         print(f"{label:<12}{eff.multiplier:>7.2f} [{eff.low:.2f}-{eff.high:.2f}]{own_txt:>11}{cells[0]:>9}  "
               f"{shown:<16}{by_fit:>8}{cells[1]:>8}{by_run or '-':>8}{cells[2]:>8}")
+    if args.levels:
+        by_level(args, log)
     print("m: effective-token multiplier against data parallel, median over seeds [range]; measured: median over "
           "seeds of the first step at the target (seeds: each one's); law fit: the fit's steps / proxy m; "
           f"run / m: the fit run's own steps ({own_run}) / proxy m (the multiplier alone, without the form's error); "
           "error: predicted / measured - 1")
     published(proxy_m)
     return 0
+
+
+def by_level(args, log) -> None:
+    """Each strategy's step ratio at each shared loss level, on the proxy and the held-out
+    model (their first seed): where along the drop a multiplier comes from."""
+    print("step ratio (data parallel / strategy) by fraction of data parallel's drop, first seed:")
+    for label, strategy, extra in STRATEGIES[1:]:
+        for model in ("gpt-proxy", HELD_OUT):
+            s = scenario(strategy, extra, args, model)
+            base, mine = curve(s, s.seed, log, strategy="ddp", codec="none"), curve(s, s.seed, log)
+            cells = []
+            for level in cv.levels(base, mine):
+                sb, so = cv.first_at_or_below(base, level), cv.first_at_or_below(mine, level)
+                if sb is not None and so is not None:
+                    cells.append(f"{(base[0] - level) / (base[0] - base[-1]):.2f}:{sb / so:.2f}")
+            print(f"  {label:<12} {model:<10} {' '.join(cells)}")
 
 
 def published(proxy_m: dict) -> None:
