@@ -70,6 +70,9 @@ def main(argv=None) -> int:
                         "each loss level the multiplier takes its median over (first seed), by the fraction of data "
                         "parallel's drop")
     args = p.parse_args(argv)
+    if args.seeds < 1 or args.steps < 20 or args.agents < 3 or args.interval < 1 or not args.lr > 0:
+        p.error("--seeds and --interval at least 1, --steps at least 20, --agents at least 3 (explorers, an "
+                "optimizer and a validator), --lr above 0")
     log = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
 
     ddp_big = scenario("ddp", [], args, HELD_OUT)

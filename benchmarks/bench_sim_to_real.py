@@ -162,6 +162,10 @@ def main(argv=None) -> int:
     ap.add_argument("--keep", metavar="DIR",
                     help="write scenarios, profiles and runs to DIR (default: a new temporary directory)")
     args = ap.parse_args(argv)
+    if args.repeats < 1:
+        ap.error(f"--repeats {args.repeats}: at least 1")
+    if args.only and not set(args.only) <= set(range(1, len(CONFIGS) + 1)):
+        ap.error(f"--only {' '.join(map(str, args.only))}: configurations are 1 to {len(CONFIGS)}")
     work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="sim2real-"))
     work.mkdir(parents=True, exist_ok=True)
     chosen = [(i, c) for i, c in enumerate(CONFIGS, 1) if not args.only or i in args.only]
