@@ -82,6 +82,8 @@ def main():
     ap.add_argument("--case", help=argparse.SUPPRESS)  # a child process: run one case, print JSON
     ap.add_argument("--steps", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.repeats < 1:
+        ap.error(f"--repeats {args.repeats}: at least 1")
     if args.case:
         print(json.dumps(run_case(args.case, args.steps, args.repeats)))
         return
