@@ -132,11 +132,8 @@ def by_level(args, log) -> None:
         for model in ("gpt-proxy", HELD_OUT):
             s = scenario(strategy, extra, args, model)
             base, mine = curve(s, s.seed, log, strategy="ddp", codec="none"), curve(s, s.seed, log)
-            cells = []
-            for level in cv.levels(base, mine):
-                sb, so = cv.first_at_or_below(base, level), cv.first_at_or_below(mine, level)
-                if sb is not None and so is not None:
-                    cells.append(f"{(base[0] - level) / (base[0] - base[-1]):.2f}:{sb / so:.2f}")
+            cells = [f"{(base[0] - level) / (base[0] - base[-1]):.2f}:{ratio:.2f}"
+                     for level, ratio in cv.level_ratios(base, mine)]
             print(f"  {label:<12} {model:<10} {' '.join(cells)}")
 
 

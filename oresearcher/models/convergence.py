@@ -117,15 +117,21 @@ def levels(base: Sequence[float], other: Sequence[float], count: int = 16, skip:
     return [hi - (hi - lo) * k / (count - 1) for k in range(count)]
 
 
+def level_ratios(base: Sequence[float], other: Sequence[float], count: int = 16) -> list[tuple[float, float]]:
+    """(level, steps(base) / steps(other)) at each of :func:`levels` both curves reach."""
+    out = []
+    for level in levels(base, other, count):
+        sb, so = first_at_or_below(base, level), first_at_or_below(other, level)
+        if sb is not None and so is not None:
+            out.append((level, sb / so))
+    return out
+
+
 def multiplier(base: Sequence[float], other: Sequence[float], count: int = 16) -> float | None:
     """Effective-token multiplier of ``other`` against ``base`` (loss per step, equal tokens
     per step): the median over shared loss levels of steps(base) / steps(other). Above 1:
     ``other`` gets there in fewer steps. None when the curves share no level."""
-    ratios = []
-    for level in levels(base, other, count):
-        sb, so = first_at_or_below(base, level), first_at_or_below(other, level)
-        if sb is not None and so is not None:
-            ratios.append(sb / so)
+    ratios = [r for _, r in level_ratios(base, other, count)]
     return median(ratios) if ratios else None
 
 
