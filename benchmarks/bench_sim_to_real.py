@@ -93,15 +93,16 @@ def calibrate(path: Path, profile: Path, extra=()) -> None:
         *extra], f"calibration with {path}")
 
 
-def measure(path: Path, out: Path) -> dict:
-    """A real gloo run of ``path``: its report over the steady steps (:func:`steady`)."""
+def measure(path: Path, out: Path, per_collective: bool = False) -> dict:
+    """A real gloo run of ``path``: its report over the steady steps (:func:`steady`);
+    ``per_collective``: with ``blocked_by_name`` (:func:`real_blocked`)."""
     sh([sys.executable, "-m", "oresearcher.run", "--backend=gloo", "--scenario", str(path), "--out", str(out),
         "--no-tensorboard", "--no-progress"], f"real run of {path}")
     try:
         report = steady(json.loads((out / "report.json").read_text()), out)
     except UserError as e:
         sys.exit(str(e))
-    return dict(report, blocked_by_name=real_blocked(report, out))
+    return dict(report, blocked_by_name=real_blocked(report, out)) if per_collective else report
 
 
 def real_blocked(report: dict, run_dir: Path) -> dict:
@@ -117,13 +118,17 @@ def real_blocked(report: dict, run_dir: Path) -> dict:
     return out
 
 
-def predict(path: Path, profile: Path) -> dict:
+def predict(path: Path, profile: Path, per_collective: bool = False) -> dict:
+    """The simulator's report of ``path`` with ``profile``; ``per_collective``: with the
+    seconds per step each collective held a rank blocked (``blocked_by_name``)."""
     from oresearcher.scenario import load_scenario
     from oresearcher.sim.simulate import simulate
 
     scenario = load_scenario(path, [f"cluster.profile_files=[{profile}]", "cluster.device=cpu-calibrated",
                                     "cluster.intra_node=gloo-calibrated"])
-    report, tl = simulate(scenario, keep_spans=10 ** 7)
+    report, tl = simulate(scenario, **({"keep_spans": 10 ** 7} if per_collective else {}))  # every span, to sum
+    if not per_collective:
+        return report
     blocked = {}
     for sp in tl.spans:
         if sp.cat == "blocked":
@@ -179,8 +184,8 @@ def main(argv=None) -> int:
         for k in range(args.repeats):
             profile = work / f"profile{i}-{k}.yaml"
             calibrate(path, profile, args.calibrate_arg)
-            meass.append(measure(path, work / f"run{i}-{k}"))
-            preds.append(predict(path, profile))
+            meass.append(measure(path, work / f"run{i}-{k}", args.per_collective))
+            preds.append(predict(path, profile, args.per_collective))
         pred, meas = median_report(preds), median_report(meass)
         rows.append({"config": label, "ranks": n, "pred": pred, "meas": meas,
                      "step_spread": spread([m["step_time_s"] for m in meass]),
