@@ -118,12 +118,16 @@ def workload_sizes(learner) -> list[int]:
 
 class _OpLog:
     """Wraps a program and notes, in yield order, what the fit needs: per step the FLOPs
-    of each Compute op, and every communication op (kind, ring-model bytes S, step)."""
+    of each Compute op, every communication op (kind, ring-model bytes S, step), and
+    before each communication op the FLOPs of the Compute ops since the one before it
+    (what a rank did between two meetings: ``segments``, aligned with ``comms``)."""
 
     def __init__(self, world: int):
         self.world, self.step = world, 0
         self.flops = [[]]  # per step: [flops of each Compute op]
         self.comms = []  # [(kind, S bytes, step)] in issue order
+        self.segments = []  # per comm: [(step, flops) of each Compute op since the previous comm]
+        self._since = []
 
     def wrap(self, program):
         val = None
@@ -134,7 +138,10 @@ class _OpLog:
                 return
             if isinstance(op, O.Compute):
                 self.flops[-1].append(float(op.flops))
+                self._since.append((self.step, float(op.flops)))
             elif isinstance(op, (O.Collective, O.Send, O.Recv)):
+                self.segments.append(self._since)
+                self._since = []
                 kind = getattr(op, "kind", type(op).__name__)
                 nbytes = O.payload_bytes(op) if kind != "Barrier" else 0
                 n = len(O.resolve_group(op.group, self.world)) if isinstance(op, O.Collective) else 2
@@ -179,13 +186,16 @@ def measure_program_compute(scenario, learner, rank: int, world: int, device, st
     secs = [st["compute_s"] for st in kept]
     mean = statistics.fmean(secs)
     spans = sorted((sp for sp in tl.spans if sp.cat == "comm"), key=lambda sp: sp.start)
-    comms = []
+    comms, segments = [], []
     if len(spans) == len(oplog.comms):  # else some span went unrecorded: do not guess the pairing
-        comms = [(k, b, n, sp.duration) for (k, b, n, step), sp in zip(oplog.comms, spans) if step >= warmup]
+        paired = [(c, sp, seg) for c, sp, seg in zip(oplog.comms, spans, oplog.segments) if c[3] >= warmup]
+        comms = [(k, b, n, sp.duration) for (k, b, n, _), sp, _ in paired]
+        segments = [seg for *_, seg in paired]
     return {"step_s": mean, "cv": statistics.pstdev(secs) / mean if mean else 0.0, **_passes(tl, oplog, warmup),
             "flops_per_step": statistics.fmean(st["compute_flops"] for st in kept),
             "ops_per_step": statistics.fmean(st["compute_ops"] for st in kept),
-            "step_seconds": secs, "op_flops": oplog.flops[warmup:warmup + len(kept)], "comms": comms}
+            "step_seconds": secs, "op_flops": oplog.flops[warmup:warmup + len(kept)], "comms": comms,
+            "segments": segments}
 
 
 def _passes(tl: Timeline, oplog: _OpLog, warmup: int) -> dict:
@@ -228,6 +238,29 @@ def merge_inrun(per_rank: list[list[tuple]], world: int, pick=min, subgroups: bo
         groups.setdefault((kind, nbytes, n), []).append(pick([d for *_, d in inst]))
     return [{"kind": k, "bytes": int(b), "time_s": statistics.fmean(ts), "workload": True, "in_run": True,
              "count": len(ts), **({"ranks": n} if n != world else {})} for (k, b, n), ts in sorted(groups.items())]
+
+
+def merge_waits(per_rank: list[list[tuple]], segments: list, world: int) -> list[dict]:
+    """Rows {kind, flops, steps, wait_s}: for each of the program's world-group collectives
+    (steady steps), the FLOPs of the Compute ops each rank ran since the previous meeting
+    and the step each belongs to (rank 0's log: every rank runs the same program), and how
+    long the ranks waited for the last one to arrive, mean over ranks.
+
+    A rank's wait is its time in the collective less the shortest time over ranks: ranks
+    leave a collective together, so the differences of their times are the differences
+    of their arrivals, and no clock is compared across ranks. [] when the ranks' logs do
+    not line up, or for fewer than 2 ranks.
+    """
+    if world < 2 or not per_rank or len({len(c) for c in per_rank}) != 1 or len(segments) != len(per_rank[0]):
+        return []
+    rows = []
+    for inst, seg in zip(zip(*per_rank), segments):
+        if len({(k, b, n) for k, b, n, _ in inst}) != 1 or inst[0][2] != world:
+            continue
+        times = [d for *_, d in inst]
+        rows.append({"kind": inst[0][0], "flops": [f for _, f in seg], "steps": [t for t, _ in seg],
+                     "wait_s": statistics.fmean(times) - min(times)})
+    return rows
 
 
 def steps_per_report(scenario) -> int:
@@ -310,6 +343,7 @@ def calibrate_rank(scenario, denv, *, backend: str, timeout_s: float, sizes, rep
         step_seconds_per_rank=[m["compute"]["step_seconds"] for m in every],
         op_flops=every[0]["compute"]["op_flops"],
         inrun_collectives=_inrun(every, world),
+        arrival_waits=merge_waits([m["compute"]["comms"] for m in every], every[0]["compute"]["segments"], world),
         flops_per_step=every[0]["compute"]["flops_per_step"],
         compute_ops_per_step=every[0]["compute"]["ops_per_step"],
         flops_per_step_per_rank=[m["compute"]["flops_per_step"] for m in every],

@@ -53,6 +53,39 @@ def op_jitter_cv(step_cv: float, op_flops, rate: float, host_s: float) -> float:
         return 0.0
     return float(step_cv * np.mean(sums) / np.sqrt(np.mean(squares)))
 
+def simulated_wait(rows, rate: float, host_s: float, cv: float, world: int, rho: float = 0.0, draws: int = 0,
+                   seed: int = 0) -> float:
+    """Mean over ``rows`` (:func:`backends.calibration.merge_waits`: the Compute ops'
+    FLOPs between two collectives, and their steps) of the ranks' mean wait for the last
+    arrival, when each of ``world`` ranks leaves the previous collective with the others
+    and draws its ops' durations as the simulator does: mean d_i = flops_i / rate + host
+    times a lognormal factor of mean 1 and cv ``cv``, one per op, or with ``rho > 0`` one
+    per step whose logarithm follows an AR(1) with lag-1 correlation ``rho`` over the
+    steps (sim/engine.py). Monte Carlo over ``draws`` repetitions (0: about 200,000
+    draws in all) with a fixed seed: the same inputs give the same figure."""
+    flops = [r["flops"] for r in rows]
+    d = np.array([f / rate + host_s for seg in flops for f in seg])
+    if d.size == 0 or world < 2 or cv <= 0:
+        return 0.0
+    bounds = np.concatenate([[0], np.cumsum([len(seg) for seg in flops])])  # row i: ops bounds[i]:bounds[i+1]
+    draws = draws or max(8, 200_000 // (world * d.size))
+    rng = np.random.default_rng(seed)
+    s2 = math.log1p(cv * cv)
+    if rho > 0:
+        step = np.array([t for r in rows for t in r["steps"]])
+        step -= step.min()
+        z = np.empty((draws, world, int(step.max()) + 1))
+        z[..., 0] = rng.standard_normal((draws, world))  # stationary from the first step
+        for t in range(1, z.shape[2]):
+            z[..., t] = rho * z[..., t - 1] + math.sqrt(1 - rho * rho) * rng.standard_normal((draws, world))
+        z = z[..., step]  # each op takes its step's factor
+    else:
+        z = rng.standard_normal((draws, world, d.size))
+    took = d * np.exp(-s2 / 2 + math.sqrt(s2) * z)  # mean d_i: E[exp(mu + sigma z)] = 1
+    total = np.concatenate([np.zeros((draws, world, 1)), np.cumsum(took, axis=2)], axis=2)
+    arrive = total[..., bounds[1:]] - total[..., bounds[:-1]]  # [draws, rank, row]: time since the last meeting
+    return float((arrive.max(axis=1, keepdims=True) - arrive).mean())
+
 def _ratio_of_autocorrelations(r, k: int) -> float:
     """Var(sum of k consecutive steps) / (k Var(step)) for lag-j autocorrelations
     ``r[j - 1]`` (j < k): 1 + 2 sum_j (1 - j/k) r_j."""

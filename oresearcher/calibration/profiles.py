@@ -13,7 +13,7 @@ from ..hardware import JITTER_CV_MAX
 
 from ..errors import UserError
 from .fabric_fit import GB, US, FabricFit
-from .jitter import op_jitter_cv, own_slowness, persistence_rho, pooled_cv
+from .jitter import op_jitter_cv, own_slowness, persistence_rho, pooled_cv, simulated_wait
 from .record import Measurement
 
 
@@ -155,6 +155,23 @@ def device_doc(name: str, m: Measurement, memory_bytes: float, jitter: bool = Fa
         doc.update({k: v for k, v in fit.items() if not k.endswith("_factor")})
     return doc
 
+def _waits_line(device: dict, m: Measurement) -> list[str]:
+    """How long the ranks waited for each other at the program's own collectives, beside
+    how long the fitted jitter makes the simulated ranks wait there (:func:`simulated_wait`):
+    what of the real peer wait the profile reproduces."""
+    if not m.arrival_waits or m.fsdp_step:
+        return []
+    measured = statistics.fmean(r["wait_s"] for r in m.arrival_waits)
+    head = (f"# waits at the program's own collectives: the ranks waited {1e3 * measured:.2f} ms for the last arrival "
+            f"(mean over {len(m.arrival_waits)} collectives and the ranks)")
+    model = simulated_wait(m.arrival_waits, device["peak_flops"][m.dtype], m.host_overhead_s,
+                           device.get("compute_jitter_cv", 0.0), m.world_size, device.get("compute_jitter_rho", 0.0))
+    share = model / measured if measured > 0 else 1.0
+    tail = (" The rest is waiting the simulator does not draw: the host's scheduling around the short ops and inside "
+            "the collectives." if share < 0.9 else "")
+    return [head + f"; the fitted jitter makes the simulated ranks wait {1e3 * model:.2f} ms there ({share:.0%})."
+            + tail]
+
 def fabric_doc(name: str, fit: FabricFit, backend: str = "gloo") -> dict:
     return {
         "kind": "fabric",
@@ -192,6 +209,7 @@ def profile_text(device: dict, fabric: dict, m: Measurement, errors: list[dict])
         + (f"persistence over the program's {m.sync_period}-step averaging period -> "
            f"compute_jitter_rho {device.get('compute_jitter_rho', 0.0):.3f}."
            if m.sync_period > 1 else "the program synchronises every step: no persistence to fit."),
+        *_waits_line(device, m),
         f"# in-run collectives: {m.inrun_factor:.3f} x the idle sweep's fit (geometric mean of "
         "measured / fitted over the program's own collectives, every rank busy; 1: not applied).",
         *(_fsdp_step_lines(device, m) if m.fsdp_step and "pass_flops_per_s" in device else []),

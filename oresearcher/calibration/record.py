@@ -25,6 +25,9 @@ class Measurement:
     call_overhead_s: float = 0.0  # median host cost of one collective call
     collectives: list = field(default_factory=list)  # the idle sweep: rows {kind, bytes, time_s, ...}
     inrun_collectives: list = field(default_factory=list)  # the program's own collectives, every rank busy
+    # per in-run collective: the Compute ops' FLOPs since the previous one and the ranks' mean
+    # wait for the last arrival, rows {flops: [...], wait_s} (backends/calibration.py, merge_waits)
+    arrival_waits: list = field(default_factory=list)
     compute_step_s_mean: Optional[float] = None  # mean over ranks (None: compute_step_s)
     compute_step_s_per_rank: list = field(default_factory=list)
     compute_cv_per_rank: list = field(default_factory=list)  # std/mean of each rank's step seconds

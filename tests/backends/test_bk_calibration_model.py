@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from oresearcher import ops as O
-from oresearcher.backends.calibration import _OpLog, merge_inrun
+from oresearcher.backends.calibration import _OpLog, merge_inrun, merge_waits
 from oresearcher.calibrate import (FabricFit, compute_rate, device_doc, inrun_factor, jitter_fit, op_jitter_cv,
                                    own_slowness, pooled_cv, scaled)
 from oresearcher.hardware import DeviceProfile
@@ -109,6 +109,7 @@ def test_oplog_notes_compute_flops_and_collective_sizes_per_step():
             break
     assert log.flops[:2] == [[5.0], [7.0, 1.0]]
     assert log.comms == [("AllGather", 80, 2, 0), ("AllReduce", 12, 2, 1)]
+    assert log.segments == [[(0, 5.0)], [(1, 7.0), (1, 1.0)]]  # what each rank ran since the previous meeting
 
 
 def measured(**kw):
@@ -230,3 +231,83 @@ def test_own_slowness_drops_what_ranks_share_and_keeps_what_they_do_not():
     # a rank slower for the whole run keeps its offset: +-1 % around the grand mean, times sqrt(2)
     assert pooled_cv(own_slowness([[0.099] * 50, [0.101] * 50])) == pytest.approx(0.01 * math.sqrt(2))
     assert own_slowness([[0.1, 0.2]]) == []  # one rank: nothing to wait for
+
+
+def test_merge_waits_takes_each_ranks_time_less_the_shortest():
+    """Ranks leave a collective together, so the differences of their times in it are the
+    differences of their arrivals: rank 0 came 3 ms early to the first, 1 ms to the second."""
+    r0 = [("AllReduce", 8, 2, 0.005), ("AllGather", 16, 2, 0.002), ("AllReduce", 8, 1, 0.001)]
+    r1 = [("AllReduce", 8, 2, 0.002), ("AllGather", 16, 2, 0.003), ("AllReduce", 8, 1, 0.009)]
+    rows = merge_waits([r0, r1], [[(0, 1e9)], [], [(1, 5.0)]], 2)
+    assert [r["kind"] for r in rows] == ["AllReduce", "AllGather"]  # a group of one is no meeting
+    assert [(r["flops"], r["steps"]) for r in rows] == [([1e9], [0]), ([], [])]
+    assert [r["wait_s"] for r in rows] == [pytest.approx(0.0015), pytest.approx(0.0005)]  # mean over the 2 ranks
+    assert merge_waits([r0, r1[:2]], [[(0, 1e9)], [], [(1, 5.0)]], 2) == []  # logs that do not line up
+    assert merge_waits([r0], [[(0, 1e9)], [], [(1, 5.0)]], 1) == []
+
+
+def test_simulated_wait_of_one_op_is_the_hand_figure():
+    """Two ranks, one op of d = 1 ms with cv 0.01 (a lognormal that close to normal): the
+    arrivals differ by N(0, 2 (cv d)^2), whose mean absolute value is 2 cv d / sqrt(pi);
+    each rank waits half of it on average: cv d / sqrt(pi) = 5.64 us."""
+    from oresearcher.calibration.jitter import simulated_wait
+
+    rows = [{"flops": [1e9]}]
+    got = simulated_wait(rows, 1e12, 0.0, 0.01, 2, draws=200_000)
+    assert got == pytest.approx(0.01 * 1e-3 / math.sqrt(math.pi), rel=0.01)
+    assert simulated_wait(rows, 1e12, 0.0, 0.0, 2) == 0.0  # steady ranks wait for no one
+    assert simulated_wait([{"flops": []}], 1e12, 0.0, 0.3, 2) == 0.0  # nothing between two meetings
+    assert simulated_wait(rows, 1e12, 0.0, 0.3, 1) == 0.0
+    # the same inputs, the same figure
+    assert simulated_wait(rows * 3, 1e12, 5e-6, 0.2, 4) == simulated_wait(rows * 3, 1e12, 5e-6, 0.2, 4)
+
+
+@pytest.mark.parametrize("n, rho, every", [(2, 0.0, 0), (4, 0.0, 0), (2, 0.6, 5), (3, 0.9, 10)])
+def test_simulated_wait_is_what_the_engine_draws(n, rho, every):
+    """The simulator's own ranks, jittering with the same cv (and persistence rho), wait
+    as long at the same collectives, within 10 %: ``every`` 0, two meetings a step, one
+    after a 40 ms op and one after a 0.2 ms op; else one meeting every ``every`` steps of
+    both ops (periodic averaging, where persistence matters)."""
+    from oresearcher.reporting.report import summarize
+    from oresearcher.calibration.jitter import simulated_wait
+    from oresearcher.sim.engine import Engine
+    from simkit import DEVICE, topo
+
+    def program(steps):
+        for s in range(steps):
+            yield O.Compute(flops=4e10)
+            if not every:
+                yield O.AllReduce(torch.empty(64, device="meta"))
+            yield O.Compute(flops=2e8)
+            if not every or s % every == every - 1:
+                yield O.AllReduce(torch.empty(64, device="meta"))
+            yield O.StepDone(s)
+
+    steps = 1500
+    device = DEVICE.model_copy(update={"compute_jitter_cv": 0.2, "compute_jitter_rho": rho})
+    tl = Engine(topo(n), device, "fp32", "ring", seed=3).run([program(steps) for _ in range(n)])
+    waited = summarize(tl, {}, "sim")["peer_wait_time_s"] * steps  # per rank, the whole run
+    if not every:  # the calibration's rows of the same program: what ran between two meetings, by step
+        rows, meetings = [{"flops": [4e10], "steps": [0]}, {"flops": [2e8], "steps": [0]}], 2 * steps
+    else:
+        rows = [{"flops": [4e10, 2e8] * every, "steps": [t // 2 + k * every for t in range(2 * every)]}
+                for k in range(20)]
+        meetings = steps // every
+    assert waited / meetings == pytest.approx(simulated_wait(rows, 1e12, 0.0, 0.2, n, rho), rel=0.1)
+
+
+def test_profile_says_how_much_of_the_waits_the_jitter_gives():
+    from oresearcher.calibration.profiles import profile_text
+
+    waits = [{"kind": "AllReduce", "flops": [1e9], "wait_s": 0.004}] * 10
+    m = measured(step_seconds_per_rank=[[0.09, 0.11], [0.11, 0.09]], arrival_waits=waits)
+    doc = device_doc("cpu-cal", m, 8e9, jitter=True)
+    text = profile_text(doc, {"kind": "fabric", "name": "f"}, m, [])
+    line = next(x for x in text.splitlines() if x.startswith("# waits at"))
+    assert "waited 4.00 ms" in line and "mean over 10 collectives" in line
+    # cv 0.141 on a 100 ms op: each of two ranks waits about 0.141 * 0.1 / sqrt(pi) = 8.0 ms
+    model = float(line.split("simulated ranks wait ")[1].split(" ms")[0])
+    share = float(line.split(" ms there (")[1].split("%)")[0])
+    assert model == pytest.approx(8.0, rel=0.05) and share == pytest.approx(100 * model / 4.0, abs=1)
+    steady = profile_text(device_doc("cpu-cal", m, 8e9), {"kind": "fabric", "name": "f"}, m, [])
+    assert "simulated ranks wait 0.00 ms there (0%)" in steady  # no jitter: the simulated ranks never wait
