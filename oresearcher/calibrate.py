@@ -87,9 +87,10 @@ from pathlib import Path
 from .calibration.fabric_fit import (  # noqa: F401 (re-exported: the calibration API)
     GB, MAX_BANDWIDTH_GBps, US, WORKLOAD_WEIGHT, FabricFit, fit_errors, fit_fabric, inrun_factor, scaled)
 from .calibration.jitter import (  # noqa: F401
-    op_jitter_cv, own_slowness, persistence_rho, pooled_cv, simulated_wait, sync_period, variance_ratio)
+    fit_wake, op_jitter_cv, own_slowness, persistence_rho, pooled_cv, simulated_meetings, simulated_wait,
+    sync_period, variance_ratio)
 from .calibration.profiles import (  # noqa: F401
-    compute_rate, device_doc, fabric_doc, fsdp_fit, jitter_fit, profile_text, roofline_doc)
+    compute_rate, device_doc, fabric_doc, fsdp_fit, jitter_fit, profile_text, roofline_doc, wake_fit)
 from .calibration.record import Measurement  # noqa: F401 (re-exported)
 from .scenario import role_mix
 from .errors import UserError
@@ -178,6 +179,10 @@ def write_profile(path: Path, m: Measurement, device_name: str, fabric_name: str
     n = m.world_size
     fit = fit_fabric(m.collectives, n, m.call_overhead_s)
     inrun = m.inrun_collectives if in_run else []
+    if jitter:  # the simulator draws the ranks' waiting and waking: the rows keep the transfer alone
+        wake, floor = wake_fit(m)
+        m = m.with_(wake_s=wake)
+        inrun = [dict(r, time_s=max(r["time_s"] - floor, 0.1 * r["time_s"])) for r in inrun]
     m = m.with_(inrun_factor=inrun_factor(inrun, n, fit) if inrun else 1.0)
     fit = scaled(fit, m.inrun_factor)
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / n

@@ -17,7 +17,11 @@ drawn from a generator private to the rank and seeded by ``seed`` and the rank, 
 stay reproducible. With ``compute_jitter_rho > 0`` the factor is drawn once per step:
 ``exp(mu + sigma * z)`` with ``z`` a standard-normal AR(1) over the rank's steps,
 ``z' = rho * z + sqrt(1 - rho**2) * e`` at each StepDone (stationary from the start, so
-every step's factor has mean 1 and the profile's cv).
+every step's factor has mean 1 and the profile's cv). With ``wake_delay_us > 0`` the
+ranks that blocked in a collective leave it in an order: the first at its end, each
+other an exponential draw of that mean less the first's later (a shared host giving
+the ranks their cores back one after another; ``_wake``). The delay is blocked time,
+and the rank's next ops start after it.
 """
 from __future__ import annotations
 
@@ -53,7 +57,7 @@ class CollectiveMismatch(O.ProgramError, RuntimeError):
 
 
 class _Instance:
-    __slots__ = ("kind", "ranks", "ops", "issued", "done", "results", "name", "sizes", "count")
+    __slots__ = ("kind", "ranks", "ops", "issued", "done", "results", "name", "sizes", "count", "wakes")
 
     def __init__(self, env, kind, ranks, name):
         self.kind, self.ranks, self.name = kind, ranks, name
@@ -61,6 +65,7 @@ class _Instance:
         self.count = 0  # members arrived (a representative counts for its whole class)
         self.done = env.event()
         self.results = None
+        self.wakes = None  # rank -> its wake-up delay after the end (wake_delay_us), drawn at the first resume
 
 
 class _Chain:
@@ -106,6 +111,8 @@ class Engine:
         self.seed = int(seed)
         self.jitter = lognormal_params(float(getattr(device, "compute_jitter_cv", 0.0) or 0.0))
         self.rho = float(getattr(device, "compute_jitter_rho", 0.0) or 0.0)
+        self.wake = float(getattr(device, "wake_delay_us", 0.0) or 0.0) * 1e-6  # mean, seconds
+        self._rngs = {}  # rank -> its generator, where it draws (the wake-up delays in _block)
         self.tl = timeline or Timeline(self.world_size)
         from .network import FlowNetwork
 
@@ -160,7 +167,8 @@ class Engine:
         env, tl, rate, host = self.env, self.tl, self.rate, self.host
         mu, sigma = self.jitter
         # one generator per rank: a rank's draws do not depend on how ranks interleave
-        rng = np.random.default_rng([self.seed, rank]) if sigma > 0 else None
+        rng = np.random.default_rng([self.seed, rank]) if sigma > 0 or self.wake > 0 else None
+        self._rngs[rank] = rng
         rho = self.rho if rng is not None else 0.0
         z = sigma * rng.standard_normal() if rho > 0 else 0.0  # sigma * the AR(1) state
         step_factor = math.exp(mu + z)
@@ -243,8 +251,22 @@ class Engine:
         start = self.env.now
         if not inst.done.triggered:
             yield inst.done
+            if self.wake > 0 and inst.kind != "SendRecv":
+                yield self.env.timeout(self._wake(rank, inst))
         self.tl.record(rank, "blocked", inst.name, start, self.env.now)
         return inst.results[rank]
+
+    def _wake(self, rank, inst) -> float:
+        """Rank's delay after a collective's end before it runs again: the members leave
+        in an order, the first at the end and each other an exponential draw (mean
+        ``wake_delay_us``) less the first's later (a shared host gives the ranks that
+        slept in the call their cores back one after another). Each member draws from
+        its own generator, in rank order, when the first of them resumes."""
+        if inst.wakes is None:
+            ys = {r: float(self._rngs[r].exponential(self.wake)) for r in inst.ranks}
+            first = min(ys.values())
+            inst.wakes = {r: y - first for r, y in ys.items()}
+        return inst.wakes[rank]
 
     # -- collectives ----------------------------------------------------------------
     def _group(self, group):

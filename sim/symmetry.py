@@ -45,6 +45,8 @@ def symmetry_classes(scenario, mode: str, device, faults) -> tuple[list[tuple[in
         return None, "agents.architectures differ"
     if float(getattr(device, "compute_jitter_cv", 0.0) or 0.0) > 0:
         return None, "compute jitter: each rank draws its own durations"
+    if float(getattr(device, "wake_delay_us", 0.0) or 0.0) > 0:
+        return None, "wake-up delays: each rank draws its own"
     if faults is not None:
         return None, "faults: stragglers, failures and checkpoints name ranks"
     return [tuple(range(n))], "every rank runs the same program"

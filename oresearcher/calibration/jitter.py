@@ -53,25 +53,33 @@ def op_jitter_cv(step_cv: float, op_flops, rate: float, host_s: float) -> float:
         return 0.0
     return float(step_cv * np.mean(sums) / np.sqrt(np.mean(squares)))
 
-def simulated_wait(rows, rate: float, host_s: float, cv: float, world: int, rho: float = 0.0, draws: int = 0,
-                   seed: int = 0) -> float:
-    """Mean over ``rows`` (:func:`backends.calibration.merge_waits`: the Compute ops'
-    FLOPs between two collectives, and their steps) of the ranks' mean wait for the last
-    arrival, when each of ``world`` ranks leaves the previous collective with the others
-    and draws its ops' durations as the simulator does: mean d_i = flops_i / rate + host
-    times a lognormal factor of mean 1 and cv ``cv``, one per op, or with ``rho > 0`` one
-    per step whose logarithm follows an AR(1) with lag-1 correlation ``rho`` over the
-    steps (sim/engine.py). Monte Carlo over ``draws`` repetitions (0: about 200,000
-    draws in all) with a fixed seed: the same inputs give the same figure."""
+def simulated_meetings(rows, rate: float, host_s: float, cv: float, world: int, rho: float = 0.0,
+                       wake_s: float = 0.0, draws: int = 0, seed: int = 0) -> tuple[float, float]:
+    """How the simulated ranks meet at the collectives of ``rows``
+    (:func:`backends.calibration.merge_waits`: the Compute ops' FLOPs between two
+    collectives, and their steps): ``(spread, floor)``, means over the rows of
+    ``mean_r x_r - min_r x_r`` and of ``min_r x_r``, where x_r is rank r's time in the
+    collective beyond the transfer: its wait for the last arrival plus its wake-up delay.
+
+    Each of ``world`` ranks draws its ops' durations as the simulator does: mean
+    d_i = flops_i / rate + host times a lognormal factor of mean 1 and cv ``cv``, one
+    per op, or with ``rho > 0`` one per step whose logarithm follows an AR(1) with lag-1
+    correlation ``rho`` over the steps; and with ``wake_s > 0`` the ranks leave each
+    collective in an order, the first at its end and each other an exponential draw of
+    that mean less the first's later (so the next arrival starts from it too;
+    sim/engine.py, ``Engine._wake``). The measured counterpart of the
+    spread is each rank's time in the collective less the shortest over ranks (rows'
+    ``wait_s``). Monte Carlo over ``draws`` repetitions (0: about 200,000 draws in all)
+    with a fixed seed: the same inputs give the same figures."""
     flops = [r["flops"] for r in rows]
     d = np.array([f / rate + host_s for seg in flops for f in seg])
-    if d.size == 0 or world < 2 or cv <= 0:
-        return 0.0
-    bounds = np.concatenate([[0], np.cumsum([len(seg) for seg in flops])])  # row i: ops bounds[i]:bounds[i+1]
-    draws = draws or max(8, 200_000 // (world * d.size))
+    if not rows or world < 2 or (wake_s <= 0 and (d.size == 0 or cv <= 0)):
+        return 0.0, 0.0
+    bounds = np.concatenate([[0], np.cumsum([len(seg) for seg in flops])]).astype(int)  # row i: ops bounds[i]:[i+1]
+    draws = draws or max(8, 200_000 // (world * max(d.size, len(rows))))
     rng = np.random.default_rng(seed)
     s2 = math.log1p(cv * cv)
-    if rho > 0:
+    if rho > 0 and d.size:
         step = np.array([t for r in rows for t in r["steps"]])
         step -= step.min()
         z = np.empty((draws, world, int(step.max()) + 1))
@@ -84,7 +92,43 @@ def simulated_wait(rows, rate: float, host_s: float, cv: float, world: int, rho:
     took = d * np.exp(-s2 / 2 + math.sqrt(s2) * z)  # mean d_i: E[exp(mu + sigma z)] = 1
     total = np.concatenate([np.zeros((draws, world, 1)), np.cumsum(took, axis=2)], axis=2)
     arrive = total[..., bounds[1:]] - total[..., bounds[:-1]]  # [draws, rank, row]: time since the last meeting
-    return float((arrive.max(axis=1, keepdims=True) - arrive).mean())
+    wake = rng.exponential(wake_s, (draws, world, len(rows) + 1)) if wake_s > 0 else np.zeros((1, 1, len(rows) + 1))
+    wake = wake - wake.min(axis=1, keepdims=True)  # the first to wake leaves at the end, the others later
+    arrive = arrive + wake[..., :-1]  # each rank starts a row when it woke from the previous collective
+    x = arrive.max(axis=1, keepdims=True) - arrive + wake[..., 1:]
+    low = x.min(axis=1)
+    return float((x.mean(axis=1) - low).mean()), float(low.mean())
+
+def simulated_wait(rows, rate: float, host_s: float, cv: float, world: int, rho: float = 0.0, draws: int = 0,
+                   seed: int = 0) -> float:
+    """Mean over ``rows`` of the simulated ranks' mean wait for the last arrival, without
+    wake-up delays (:func:`simulated_meetings`; the last arriver waits 0, so the spread
+    is the mean wait)."""
+    return simulated_meetings(rows, rate, host_s, cv, world, rho, 0.0, draws, seed)[0]
+
+def fit_wake(rows, rate: float, host_s: float, cv: float, world: int, rho: float = 0.0) -> float:
+    """The mean wake-up delay (seconds) with which the simulated ranks' times at the
+    program's own collectives spread as much as the measured ones (``rows``' mean
+    ``wait_s``, :func:`simulated_meetings`); 0 when the jitter alone spreads them as much,
+    or nothing was measured. A rank that waits in a collective on a shared host gets its
+    core back some time after the data is in, and starts the next ops that much later:
+    what a spread in proportion to each op cannot give around the short ops."""
+    if not rows or world < 2:
+        return 0.0
+    target = float(np.mean([r["wait_s"] for r in rows]))
+
+    def spread(w):
+        return simulated_meetings(rows, rate, host_s, cv, world, rho, w)[0]
+
+    if target <= spread(0.0):
+        return 0.0
+    lo, hi = 0.0, target
+    while spread(hi) < target and hi < 10.0:
+        lo, hi = hi, 2 * hi
+    for _ in range(30):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if spread(mid) < target else (lo, mid)
+    return (lo + hi) / 2
 
 def _ratio_of_autocorrelations(r, k: int) -> float:
     """Var(sum of k consecutive steps) / (k Var(step)) for lag-j autocorrelations

@@ -13,7 +13,7 @@ from ..hardware import JITTER_CV_MAX
 
 from ..errors import UserError
 from .fabric_fit import GB, US, FabricFit
-from .jitter import op_jitter_cv, own_slowness, persistence_rho, pooled_cv, simulated_wait
+from .jitter import fit_wake, op_jitter_cv, own_slowness, persistence_rho, pooled_cv, simulated_meetings
 from .record import Measurement
 
 
@@ -121,12 +121,29 @@ def jitter_fit(m: Measurement) -> tuple[float, float]:
     cv = op_jitter_cv(step_cv, m.op_flops, compute_rate(m, jitter=True), m.host_overhead_s)
     return min(cv, JITTER_CV_MAX), 0.0  # a busier host than a profile can describe: capped, and said
 
+def wake_fit(m: Measurement) -> tuple[float, float]:
+    """``(wake_s, floor_s)``: the mean wake-up delay after a collective with which the
+    simulated ranks' times at the program's own collectives spread as the measured ones
+    did (:func:`fit_wake`, on top of the fitted jitter), and the part of the shortest
+    rank's time in each such collective that is waiting and waking, not transfer (mean
+    over them; the in-run rows take it off before the fabric is scaled to them). (0, 0)
+    without the waits (the fsdp program: its collectives run inside its Compute op)."""
+    m = Measurement.of(m)
+    if not m.arrival_waits or m.fsdp_step or m.world_size < 2:
+        return 0.0, 0.0
+    cv, rho = jitter_fit(m)
+    rate = compute_rate(m, jitter=True)
+    wake = fit_wake(m.arrival_waits, rate, m.host_overhead_s, cv, m.world_size, rho)
+    floor = simulated_meetings(m.arrival_waits, rate, m.host_overhead_s, cv, m.world_size, rho, wake)[1]
+    return wake, floor
+
 def device_doc(name: str, m: Measurement, memory_bytes: float, jitter: bool = False) -> dict:
     """The device profile: achieved FLOP/s per rank with every rank computing at once,
     and (``jitter``) the spread of a Compute op's duration."""
     m = Measurement.of(m)
     rate = compute_rate(m, jitter)
     cv, rho = jitter_fit(m) if jitter else (0.0, 0.0)
+    wake = (wake_fit(m)[0] if m.wake_s is None else m.wake_s) if jitter else 0.0
     fit = fsdp_fit(m, jitter)
     if fit is not None:  # the fsdp program's Compute op holds its collectives: its rate is its passes'
         rate = fit["pass_flops_per_s"]
@@ -140,6 +157,7 @@ def device_doc(name: str, m: Measurement, memory_bytes: float, jitter: bool = Fa
         "host_overhead_us": m.host_overhead_s / US,
         **({"compute_jitter_cv": cv} if cv > 0 else {}),
         **({"compute_jitter_rho": rho} if rho > 0 else {}),
+        **({"wake_delay_us": wake / US} if wake > 0 else {}),
         **({"streams": False} if m.backend == "gloo" else {}),  # CPU ranks (oresearcher/hardware/__init__.py)
         # the fsdp schedule's host costs (programs/fsdp_costs.py, backends/calibration_fsdp.py)
         **({"pass_flops_per_s": passes} if (passes := pass_rate(m, jitter)) else {}),
@@ -156,21 +174,34 @@ def device_doc(name: str, m: Measurement, memory_bytes: float, jitter: bool = Fa
     return doc
 
 def _waits_line(device: dict, m: Measurement) -> list[str]:
-    """How long the ranks waited for each other at the program's own collectives, beside
-    how long the fitted jitter makes the simulated ranks wait there (:func:`simulated_wait`):
-    what of the real peer wait the profile reproduces."""
+    """How much the ranks' times at the program's own collectives differed (each rank's
+    time less the shortest: how much earlier it came, and how much later it woke),
+    beside what the fitted jitter alone gives the simulated ranks there, and with the
+    fitted wake-up delay (:func:`simulated_meetings`)."""
     if not m.arrival_waits or m.fsdp_step:
         return []
     measured = statistics.fmean(r["wait_s"] for r in m.arrival_waits)
-    head = (f"# waits at the program's own collectives: the ranks waited {1e3 * measured:.2f} ms for the last arrival "
-            f"(mean over {len(m.arrival_waits)} collectives and the ranks)")
-    model = simulated_wait(m.arrival_waits, device["peak_flops"][m.dtype], m.host_overhead_s,
-                           device.get("compute_jitter_cv", 0.0), m.world_size, device.get("compute_jitter_rho", 0.0))
-    share = model / measured if measured > 0 else 1.0
-    tail = (" The rest is waiting the simulator does not draw: the host's scheduling around the short ops and inside "
-            "the collectives." if share < 0.9 else "")
-    return [head + f"; the fitted jitter makes the simulated ranks wait {1e3 * model:.2f} ms there ({share:.0%})."
-            + tail]
+
+    def meet(wake_s):
+        return simulated_meetings(m.arrival_waits, device["peak_flops"][m.dtype], m.host_overhead_s,
+                                  device.get("compute_jitter_cv", 0.0), m.world_size,
+                                  device.get("compute_jitter_rho", 0.0), wake_s)
+
+    def spread(wake_s):
+        s = meet(wake_s)[0]
+        return f"{1e3 * s:.2f} ms ({s / measured:.0%})" if measured > 0 else f"{1e3 * s:.2f} ms"
+
+    def floor(wake_s):
+        return meet(wake_s)[1]
+
+    wake = device.get("wake_delay_us", 0.0) * US
+    return [f"# waits at the program's own collectives: each rank's time less the shortest, {1e3 * measured:.2f} ms "
+            f"(mean over {len(m.arrival_waits)} collectives and the ranks); the fitted jitter alone gives the simulated "
+            f"ranks {spread(0.0)}"
+            + (f", with a mean wake-up delay of {wake / US:.0f} us after each collective (wake_delay_us) {spread(wake)}"
+               + (f"; the in-run rows (**) are the shortest rank's times less the {1e3 * floor(wake):.2f} ms of "
+                  "waiting and waking the simulator draws there." if m.inrun_factor != 1.0 else ".")
+               if wake > 0 else "; no wake-up delay is needed.")]
 
 def fabric_doc(name: str, fit: FabricFit, backend: str = "gloo") -> dict:
     return {

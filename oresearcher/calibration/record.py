@@ -28,6 +28,7 @@ class Measurement:
     # per in-run collective: the Compute ops' FLOPs since the previous one and the ranks' mean
     # wait for the last arrival, rows {flops: [...], wait_s} (backends/calibration.py, merge_waits)
     arrival_waits: list = field(default_factory=list)
+    wake_s: Optional[float] = None  # the fitted mean wake-up delay after a collective (None: not fitted yet)
     compute_step_s_mean: Optional[float] = None  # mean over ranks (None: compute_step_s)
     compute_step_s_per_rank: list = field(default_factory=list)
     compute_cv_per_rank: list = field(default_factory=list)  # std/mean of each rank's step seconds

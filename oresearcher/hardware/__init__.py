@@ -64,6 +64,13 @@ class DeviceProfile(_Finite):
     # of the step shares it, so compute_jitter_cv is then the spread of a step) and its
     # logarithm follows an AR(1) over steps with this lag-1 correlation.
     compute_jitter_rho: float = Field(0.0, ge=0, lt=1, description="step-to-step correlation of a rank's slowness")
+    # Ranks that block in a collective on a shared host get their cores back one after
+    # another once the data is in: with this mean > 0 the first leaves at the end and each
+    # other an exponential draw of this mean less the first's later, so ranks also drift
+    # apart around short ops, which a spread in proportion to each op cannot give.
+    # `oresearcher.calibrate` fits it to how much the ranks' times in the program's own
+    # collectives differ.
+    wake_delay_us: Micros = Field(0.0, description="mean of the exponential wake-up draws after a collective, us")
     # Checkpoints (sim/faults.py): a rank writes its state at this rate and a restarted rank
     # reads it back at it. 2 GB/s per GPU is an assumption (a node's NVMe or parallel file
     # system shared by 8 GPUs), not a measurement; a profile states its own.

@@ -262,14 +262,17 @@ def test_simulated_wait_of_one_op_is_the_hand_figure():
     assert simulated_wait(rows * 3, 1e12, 5e-6, 0.2, 4) == simulated_wait(rows * 3, 1e12, 5e-6, 0.2, 4)
 
 
-@pytest.mark.parametrize("n, rho, every", [(2, 0.0, 0), (4, 0.0, 0), (2, 0.6, 5), (3, 0.9, 10)])
-def test_simulated_wait_is_what_the_engine_draws(n, rho, every):
-    """The simulator's own ranks, jittering with the same cv (and persistence rho), wait
-    as long at the same collectives, within 10 %: ``every`` 0, two meetings a step, one
-    after a 40 ms op and one after a 0.2 ms op; else one meeting every ``every`` steps of
-    both ops (periodic averaging, where persistence matters)."""
+@pytest.mark.parametrize("n, rho, every, wake_us", [(2, 0.0, 0, 0.0), (4, 0.0, 0, 0.0), (2, 0.6, 5, 0.0),
+                                                    (3, 0.9, 10, 0.0), (2, 0.0, 0, 2000.0), (4, 0.5, 5, 500.0)])
+def test_simulated_meetings_are_what_the_engine_draws(n, rho, every, wake_us):
+    """The simulator's own ranks, jittering with the same cv (and persistence rho, and
+    wake-up delays), spend as long beyond the transfer in the same collectives, within
+    10 %: ``every`` 0, two meetings a step, one after a 40 ms op and one after a 0.2 ms
+    op; else one meeting every ``every`` steps of both ops (periodic averaging, where
+    persistence matters). Without wake-up delays that time is the wait for the last
+    arrival."""
     from oresearcher.reporting.report import summarize
-    from oresearcher.calibration.jitter import simulated_wait
+    from oresearcher.calibration.jitter import simulated_meetings, simulated_wait
     from oresearcher.sim.engine import Engine
     from simkit import DEVICE, topo
 
@@ -284,30 +287,54 @@ def test_simulated_wait_is_what_the_engine_draws(n, rho, every):
             yield O.StepDone(s)
 
     steps = 1500
-    device = DEVICE.model_copy(update={"compute_jitter_cv": 0.2, "compute_jitter_rho": rho})
+    device = DEVICE.model_copy(update={"compute_jitter_cv": 0.2, "compute_jitter_rho": rho, "wake_delay_us": wake_us})
     tl = Engine(topo(n), device, "fp32", "ring", seed=3).run([program(steps) for _ in range(n)])
-    waited = summarize(tl, {}, "sim")["peer_wait_time_s"] * steps  # per rank, the whole run
+    rep = summarize(tl, {}, "sim")
+    def one():
+        yield O.AllReduce(torch.empty(64, device="meta"))
+
+    transfer = Engine(topo(n), DEVICE, "fp32", "ring").run([one() for _ in range(n)]).totals[0]["blocked"]
     if not every:  # the calibration's rows of the same program: what ran between two meetings, by step
         rows, meetings = [{"flops": [4e10], "steps": [0]}, {"flops": [2e8], "steps": [0]}], 2 * steps
     else:
         rows = [{"flops": [4e10, 2e8] * every, "steps": [t // 2 + k * every for t in range(2 * every)]}
                 for k in range(20)]
         meetings = steps // every
-    assert waited / meetings == pytest.approx(simulated_wait(rows, 1e12, 0.0, 0.2, n, rho), rel=0.1)
+    beyond = rep["exposed_comm_time_s"] * steps - transfer * meetings  # per rank, the whole run
+    spread, floor = simulated_meetings(rows, 1e12, 0.0, 0.2, n, rho, wake_us * 1e-6)
+    assert beyond / meetings == pytest.approx(spread + floor, rel=0.1)  # mean over ranks: (mean - min) + min
+    if not wake_us:
+        assert rep["peer_wait_time_s"] * steps / meetings == pytest.approx(simulated_wait(rows, 1e12, 0.0, 0.2, n, rho),
+                                                                           rel=0.1)
 
 
-def test_profile_says_how_much_of_the_waits_the_jitter_gives():
-    from oresearcher.calibration.profiles import profile_text
+def test_profile_fits_the_wake_up_delay_to_the_waits_the_jitter_leaves():
+    from oresearcher.calibration.profiles import profile_text, wake_fit
 
-    waits = [{"kind": "AllReduce", "flops": [1e9], "wait_s": 0.004}] * 10
-    m = measured(step_seconds_per_rank=[[0.09, 0.11], [0.11, 0.09]], arrival_waits=waits)
-    doc = device_doc("cpu-cal", m, 8e9, jitter=True)
-    text = profile_text(doc, {"kind": "fabric", "name": "f"}, m, [])
-    line = next(x for x in text.splitlines() if x.startswith("# waits at"))
-    assert "waited 4.00 ms" in line and "mean over 10 collectives" in line
-    # cv 0.141 on a 100 ms op: each of two ranks waits about 0.141 * 0.1 / sqrt(pi) = 8.0 ms
-    model = float(line.split("simulated ranks wait ")[1].split(" ms")[0])
-    share = float(line.split(" ms there (")[1].split("%)")[0])
-    assert model == pytest.approx(8.0, rel=0.05) and share == pytest.approx(100 * model / 4.0, abs=1)
+    def line_of(wait_s):
+        waits = [{"kind": "AllReduce", "flops": [1e9], "steps": [0], "wait_s": wait_s}] * 10
+        m = measured(step_seconds_per_rank=[[0.09, 0.11], [0.11, 0.09]], arrival_waits=waits, inrun_factor=1.2)
+        doc = device_doc("cpu-cal", m, 8e9, jitter=True)
+        text = profile_text(doc, {"kind": "fabric", "name": "f"}, m, [])
+        return m, doc, next(x for x in text.splitlines() if x.startswith("# waits at"))
+
+    def pct(text):
+        return float(text.split(" ms (")[1].split("%)")[0])
+
+    # cv 0.141 on a 100 ms op: the two ranks' times differ by about 2 * 0.141 * 0.1 / sqrt(pi)
+    # = 16 ms, so each waits 8.0 ms beyond the shortest on average: more than the 4 ms measured
+    m, doc, line = line_of(0.004)
+    assert "shortest, 4.00 ms (mean over 10 collectives" in line and "no wake-up delay is needed" in line
+    assert pct(line.split("alone gives the simulated ranks ")[1]) == pytest.approx(200, abs=10)
+    assert "wake_delay_us" not in doc and wake_fit(m) == (0.0, 0.0)
+    # 20 ms measured: the jitter gives 40% of it, a wake-up delay the rest
+    m, doc, line = line_of(0.020)
+    assert pct(line.split("alone gives the simulated ranks ")[1]) == pytest.approx(40, abs=3)
+    assert pct(line.split("(wake_delay_us) ")[1]) == pytest.approx(100, abs=2)
+    wake, floor = wake_fit(m)
+    assert doc["wake_delay_us"] == pytest.approx(wake * 1e6) and wake > 0.004 and 0 < floor
+    assert DeviceProfile.model_validate(doc).wake_delay_us == doc["wake_delay_us"]
+    assert "in-run rows (**) are the shortest rank's times less" in line
+    # steady ranks (--no-jitter): nothing drawn, so none of the waiting is
     steady = profile_text(device_doc("cpu-cal", m, 8e9), {"kind": "fabric", "name": "f"}, m, [])
-    assert "simulated ranks wait 0.00 ms there (0%)" in steady  # no jitter: the simulated ranks never wait
+    assert "alone gives the simulated ranks 0.00 ms (0%); no wake-up delay" in steady
