@@ -210,3 +210,31 @@ def test_every_module_imports_outside_the_checkout(tmp_path):
     p = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
                        timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
+
+
+def test_write_profile_takes_the_simulated_waiting_off_the_in_run_rows(tmp_path):
+    """With jitter the simulator draws the ranks' waiting and waking at the program's own
+    collectives, so the in-run rows the fabric is scaled to keep the transfer alone: the
+    in-run factor is the rows' times less the wake fit's floor over the sweep's fit."""
+    from oresearcher.calibration.fabric_fit import fit_fabric, inrun_factor
+    from oresearcher.calibration.profiles import wake_fit
+    from oresearcher.hardware import load_profile_file
+
+    inrun = [{"kind": "AllReduce", "bytes": 2**20, "time_s": 0.02, "count": 20, "workload": True, "in_run": True}]
+    waits = [{"kind": "AllReduce", "flops": [2e9], "steps": [s], "wait_s": 0.015} for s in range(20)]
+    m = record(step_seconds_per_rank=[[0.09, 0.11] * 10, [0.11, 0.09] * 10], compute_step_s_mean=0.1,
+               op_flops=[[2e9]] * 20, inrun_collectives=inrun, arrival_waits=waits)
+    wake, floor = wake_fit(m)
+    assert wake > 0 and 0 < floor < 0.02
+    write_profile(tmp_path / "p.yaml", m, "cpu-cal", "gloo-cal", jitter=True)
+    dev, _ = load_profile_file(tmp_path / "p.yaml")
+    assert dev.wake_delay_us == pytest.approx(wake * 1e6)
+    text = (tmp_path / "p.yaml").read_text()
+    sweep = fit_fabric(m.collectives, 2, m.call_overhead_s)
+    want = inrun_factor([dict(inrun[0], time_s=0.02 - floor)], 2, sweep)
+    assert f"in-run collectives: {want:.3f} x" in text
+    assert f"in-run collectives: {inrun_factor(inrun, 2, sweep):.3f} x" not in text  # not the rows as measured
+    # without jitter nothing is drawn: no delay, the rows as measured
+    write_profile(tmp_path / "q.yaml", m, "cpu-cal", "gloo-cal", jitter=False)
+    assert load_profile_file(tmp_path / "q.yaml")[0].wake_delay_us == 0.0
+    assert f"in-run collectives: {inrun_factor(inrun, 2, sweep):.3f} x" in (tmp_path / "q.yaml").read_text()
