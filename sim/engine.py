@@ -25,8 +25,6 @@ and the rank's next ops start after it.
 """
 from __future__ import annotations
 
-from collections import defaultdict
-
 import math
 
 import numpy as np
@@ -57,11 +55,13 @@ class CollectiveMismatch(O.ProgramError, RuntimeError):
 
 
 class _Instance:
-    __slots__ = ("kind", "ranks", "ops", "issued", "done", "results", "name", "sizes", "count", "wakes")
+    __slots__ = ("kind", "ranks", "gkey", "ops", "issued", "first", "done", "results", "name", "sizes", "count",
+                 "wakes")
 
-    def __init__(self, env, kind, ranks, name):
-        self.kind, self.ranks, self.name = kind, ranks, name
+    def __init__(self, env, kind, ranks, gkey, name, now):
+        self.kind, self.ranks, self.gkey, self.name = kind, ranks, gkey, name
         self.ops, self.issued = {}, {}  # by the rank that issued it (a class: its representative)
+        self.first = now  # the earliest of issued: the first member arrives as it is made
         self.count = 0  # members arrived (a representative counts for its whole class)
         self.done = env.event()
         self.results = None
@@ -112,12 +112,11 @@ class Engine:
         self.jitter = lognormal_params(float(getattr(device, "compute_jitter_cv", 0.0) or 0.0))
         self.rho = float(getattr(device, "compute_jitter_rho", 0.0) or 0.0)
         self.wake = float(getattr(device, "wake_delay_us", 0.0) or 0.0) * 1e-6  # mean, seconds
-        self._rngs = {}  # rank -> its generator, where it draws (the wake-up delays in _block)
+        self._rngs = {}  # rank -> its generator, where it draws (the wake-up delays after blocking, _wake)
         self.tl = timeline or Timeline(self.world_size)
         from .network import FlowNetwork
 
         self.net = FlowNetwork(self.env, topo.capacity)
-        self._seq = defaultdict(int)
         self._world = tuple(range(self.world_size))
         self._groups = {}  # id(group object) -> (object, resolved ranks, group key)
         self._gkeys = {}  # resolved ranks -> group key
@@ -132,7 +131,11 @@ class Engine:
         # every rank's representative; None: one process per rank
         self.members, self.rep_of = None, None
         self._meta_out = {}  # (kind, group size, shape, dtype) -> shape mode's result tensor
-        self._fits = {}  # (rank, group key) -> True once checked: its class sits in the group
+        self._repeats = {}  # (kind, group key, id(meta tensor), algorithm, root) -> (tensor, sizes, results, plan)
+        # (rank, group key) -> [ranks it counts for, calls so far], once checked that its
+        # class sits in the group
+        self._slots = {}
+        self._reps = range(self.world_size)  # every rank's representative (run() sets it for classes)
 
     def now(self, rank: int) -> float:
         """Rank's own clock: simulated time including the compute it owes lazily."""
@@ -152,6 +155,7 @@ class Engine:
                 for r in c:
                     self.rep_of[r] = c[0]
             self.tl.share(classes)
+            self._reps = self.rep_of
         if len(programs) != len(reps):
             raise ValueError(f"{len(programs)} programs for {len(reps)} ranks")
         procs = [self.env.process(self._rank(r, g)) for r, g in zip(reps, programs)]
@@ -173,8 +177,9 @@ class Engine:
         z = sigma * rng.standard_normal() if rho > 0 else 0.0  # sigma * the AR(1) state
         step_factor = math.exp(mu + z)
         slow = self.faults.compute_factor(rank) if self.faults is not None else 1.0
-        Compute, Collective, Swap = O.Compute, O.Collective, O.Swap
+        Compute, Collective, Swap, Wait, Handle = O.Compute, O.Collective, O.Swap, O.Wait, O.Handle
         pricing, owed_of, record = self.pricing, self.owed, tl.record
+        arrive, group_of, wake = self._arrive, self._group, self.wake
         mult = 1 if self.members is None else len(self.members[rank])  # ranks this process stands for
         # Compute only touches this rank, so its time is owed lazily: consecutive Computes
         # cost one SimPy event, paid before the rank next meets others (exactly the same
@@ -215,23 +220,14 @@ class Engine:
                     yield env.timeout(owed)
                     owed = owed_of[rank] = 0.0
                 if isinstance(op, Collective):
-                    inst = self._arrive(rank, op, op.kind, *self._group(op.group))
+                    inst = arrive(rank, op, op.kind, *group_of(op.group))
                     if op.async_op:
-                        val = O.Handle(op, inst)
-                    else:
-                        val = yield from self._block(rank, inst)
-                elif isinstance(op, O.Wait):
-                    token = getattr(op.handle, "token", None)
-                    if not isinstance(token, _Instance):
-                        raise O.not_a_handle(rank, token)
-                    val = yield from self._block(rank, token)
-                elif isinstance(op, O.Send):
-                    # buffered, as in the reference interpreter and the real backend (isend):
-                    # the sender goes on; the transfer runs once the receiver posts its Recv
-                    self._arrive(rank, op, "SendRecv", (rank, op.dst), ("p2p", rank, op.dst))
-                elif isinstance(op, O.Recv):
-                    inst = self._arrive(rank, op, "SendRecv", (op.src, rank), ("p2p", op.src, rank))
-                    val = yield from self._block(rank, inst)
+                        val = Handle(op, inst)
+                        continue
+                elif isinstance(op, Wait):
+                    inst = getattr(op.handle, "token", None)
+                    if not isinstance(inst, _Instance):
+                        raise O.not_a_handle(rank, inst)
                 elif isinstance(op, O.StepDone):
                     if rho > 0:
                         z = rho * z + math.sqrt(1 - rho * rho) * sigma * rng.standard_normal()
@@ -241,20 +237,28 @@ class Engine:
                         self.on_step(rank, op.step)
                     if self.faults is not None:
                         yield from self.faults.after_step(env, tl, rank, op.step)
+                    continue
+                elif isinstance(op, O.Send):
+                    # buffered, as in the reference interpreter and the real backend (isend):
+                    # the sender goes on; the transfer runs once the receiver posts its Recv
+                    arrive(rank, op, "SendRecv", (rank, op.dst), ("p2p", rank, op.dst))
+                    continue
+                elif isinstance(op, O.Recv):
+                    inst = arrive(rank, op, "SendRecv", (op.src, rank), ("p2p", op.src, rank))
                 else:
                     raise O.not_an_op(rank, op)
+                # a blocking collective, a Wait or a Recv: block on ``inst`` here rather
+                # than in a sub-generator (a Wait is one op in three of a DDP step)
+                start = env.now
+                if not inst.done.triggered:
+                    yield inst.done
+                    if wake > 0 and inst.kind != "SendRecv":
+                        yield env.timeout(self._wake(rank, inst))
+                record(rank, "blocked", inst.name, start, env.now)
+                val = inst.results[rank]
         finally:
             self.ops_done += n * mult
             self.ops_run += n
-
-    def _block(self, rank, inst):
-        start = self.env.now
-        if not inst.done.triggered:
-            yield inst.done
-            if self.wake > 0 and inst.kind != "SendRecv":
-                yield self.env.timeout(self._wake(rank, inst))
-        self.tl.record(rank, "blocked", inst.name, start, self.env.now)
-        return inst.results[rank]
 
     def _wake(self, rank, inst) -> float:
         """Rank's delay after a collective's end before it runs again: the members leave
@@ -283,34 +287,41 @@ class Engine:
         return hit[1], hit[2]
 
     def _arrive(self, rank, op, kind, ranks, gkey):
-        fit = self._fits.get((rank, gkey))
-        if fit is None:  # a set, not the tuple: 16,384-rank groups are costly to scan
-            members = frozenset(ranks)
-            if rank not in members:
-                raise O.not_in_group(rank, kind, ranks)
-            if self.members is not None:
-                mine = self.members[rank]
-                if len(mine) > 1 and (kind == "SendRecv" or not members.issuperset(mine)):
-                    from .symmetry import SymmetryBroken
-
-                    raise SymmetryBroken(f"rank {rank}'s class of {len(mine)} does not act alike in {kind} "
-                                         f"on a group of {len(ranks)}")
-            fit = self._fits[rank, gkey] = len(self.members[rank]) if self.members is not None else 1
-        seq = self._seq[rank, gkey]
-        self._seq[rank, gkey] = seq + 1
+        slot = self._slots.get((rank, gkey))
+        if slot is None:
+            slot = self._slots[rank, gkey] = [self._fit(rank, kind, ranks), 0]
+        fit, seq = slot
+        slot[1] = seq + 1
         key = (gkey, seq)  # the k-th call on a group meets every member's k-th call
+        now = self.env.now
         inst = self._pending.get(key)
         if inst is None:
-            inst = self._pending[key] = _Instance(self.env, kind, ranks, op.name)
+            inst = self._pending[key] = _Instance(self.env, kind, ranks, gkey, op.name, now)
         elif inst.kind != kind:
             raise CollectiveMismatch(f"group {ranks}: {inst.kind} met {kind}")
         inst.ops[rank] = op
-        inst.issued[rank] = self.env.now
+        inst.issued[rank] = now
         inst.count += fit
         if inst.count == len(ranks):
             del self._pending[key]
             _Chain(self.env, self._run(inst))
         return inst
+
+    def _fit(self, rank, kind, ranks) -> int:
+        """How many members ``rank`` counts for in its group (its class's size), after
+        checking it belongs there; once per rank and group."""
+        members = frozenset(ranks)  # a set, not the tuple: 16,384-rank groups are costly to scan
+        if rank not in members:
+            raise O.not_in_group(rank, kind, ranks)
+        if self.members is None:
+            return 1
+        mine = self.members[rank]
+        if len(mine) > 1 and (kind == "SendRecv" or not members.issuperset(mine)):
+            from .symmetry import SymmetryBroken
+
+            raise SymmetryBroken(f"rank {rank}'s class of {len(mine)} does not act alike in {kind} "
+                                 f"on a group of {len(ranks)}")
+        return len(mine)
 
     def _results(self, inst):
         if inst.kind == "SendRecv":
@@ -334,41 +345,67 @@ class Engine:
             return dict(zip(inst.ranks, results))
         return {r: x for r, x in zip(inst.ranks, results) if r in ops}  # the representatives'
 
+    def _prepare(self, inst):
+        """Set ``inst.sizes`` and ``inst.results``; returns :meth:`_plan`'s answer. A
+        shape-mode call that one process makes for its whole group (a symmetric class)
+        passes the same meta tensor every step: all three are remembered per tensor (a
+        meta tensor's size never changes; the results dict is only read), as asking
+        torch for sizes costs more than the rest of the call."""
+        key = None
+        if len(inst.ops) == 1 and inst.kind in ("AllReduce", "Broadcast", "ReduceScatter"):
+            (op,) = inst.ops.values()
+            t = getattr(op, "tensor", None)
+            key = (inst.kind, inst.gkey, id(t), op.algorithm, getattr(op, "src", None))
+            hit = self._repeats.get(key)
+            if hit is not None and hit[0] is t:
+                inst.sizes, inst.results = hit[1], hit[2]
+                return hit[3]
+        inst.sizes = {O.payload_bytes(o) for o in inst.ops.values()}
+        inst.results = self._results(inst)
+        plan = self._plan(inst)
+        if key is not None and _meta(op):  # meta tensors hold no data: the same answer next time
+            if len(self._repeats) > 4096:  # programs that make new tensors every call
+                self._repeats.clear()
+            self._repeats[key] = (t, inst.sizes, inst.results, plan)
+        return plan
 
     def _plan(self, inst):
-        """(plan, [(latency, routes, bytes)] per phase, wire bytes per rank); cached."""
+        """(plan, [(latency, routes, bytes, network batch)] per phase, wire bytes per
+        rank); cached."""
         first = inst.ops[inst.ranks[0]]
         nbytes = max(inst.sizes)
         root = getattr(first, "src", None) if inst.kind == "Broadcast" else None
         requested = getattr(first, "algorithm", None) or self.algorithm
-        key = (inst.kind, inst.ranks, nbytes, root, requested)
+        key = (inst.kind, inst.gkey, nbytes, root, requested)  # a group key stands for its ranks
         hit = self._plans.get(key)
         if hit is None:
             pl = C.plan(inst.kind, inst.ranks, nbytes, self.topo, requested, root)
             steps = []
             for latency, p in pl.timing:
                 live = [(self.topo.route(s, d), float(b)) for s, d, b in p.flows if b > 0 and s != d]
-                steps.append((latency, tuple(r for r, _ in live), [b for _, b in live]))
+                routes, sizes = tuple(r for r, _ in live), [b for _, b in live]
+                steps.append((latency, routes, sizes, self.net.batch(routes, sizes)))
             hit = self._plans[key] = (pl, steps, C.wire_bytes_by_rank(pl.phases))
         return hit
 
     def _run(self, inst):
         env = self.env
         last = env.now  # the last member just arrived: the others waited for it
-        tl, rep_of, issued = self.tl, self.rep_of or range(self.world_size), inst.issued
-        if min(issued.values()) < last:  # someone waited for the last member
+        tl, rep_of, issued = self.tl, self._reps, inst.issued
+        if inst.first < last:  # someone waited for the last member
             tl.record_group(inst.ranks, rep_of, "peer_wait", inst.name, issued, last)
-        inst.sizes = {O.payload_bytes(o) for o in inst.ops.values()}
-        inst.results = self._results(inst)
-        pl, steps, wire = self._plan(inst)
+        pl, steps, wire = self._prepare(inst)
         start = env.now
         if pl.fixed:
             yield env.timeout(pl.fixed)
-        for latency, routes, nbytes in steps:
+        for latency, routes, nbytes, batch in steps:
             if latency:
                 yield env.timeout(latency)
             if routes:
-                yield self.net.start(routes, nbytes if self.faults is None else self.faults.flow_bytes(env.now, nbytes))
+                if self.faults is None:
+                    yield self.net.start_batch(batch)
+                else:
+                    yield self.net.start(routes, self.faults.flow_bytes(env.now, nbytes))
         if env.now - start < pl.floor:  # the host had not enqueued the next call yet
             yield env.timeout(pl.floor - (env.now - start))
         tl.record_group(inst.ranks, rep_of, "comm", inst.name, issued, env.now, wire,

@@ -132,7 +132,7 @@ class FlowNetwork:
         self.capacity = list(capacity)
         self._batches: list[_Batch] = []
         self._last = 0.0
-        self._version = 0
+        self._timer = None  # the pending timeout of the next flow to finish (None: no flow)
         self._shape_ids = {}  # routes tuple of a batch -> small int (cheap cache keys)
         self._big = {}  # id of a long routes tuple or size list the caller keeps -> (it, key or uniform)
         self._rates = {}  # shape ids of the active batches -> per-batch rates (memo)
@@ -145,12 +145,23 @@ class FlowNetwork:
     def start(self, routes: tuple, nbytes: list) -> simpy.Event:
         """Fast path of :meth:`transfer` for pre-filtered flows (non-empty routes,
         positive sizes), as the engine's cached collective plans hold them."""
+        return self.start_batch(self.batch(routes, nbytes))
+
+    def batch(self, routes: tuple, nbytes: list) -> tuple:
+        """What :meth:`start_batch` needs to know of ``start(routes, nbytes)``, worked
+        out once: the engine keeps one per phase of its cached collective plans."""
+        if not routes:  # nothing to move: start_batch fires at once
+            return routes, nbytes, None, True
+        return routes, nbytes, self._known(routes, self._shape_id), self._known(nbytes, _uniform)
+
+    def start_batch(self, batch: tuple) -> simpy.Event:
+        """:meth:`start` of a :meth:`batch`; the event fires when all its flows are done."""
         done = self.env.event()
+        routes, nbytes, key, uniform = batch
         if not routes:
             done.succeed()
             return done
         self._advance()
-        key, uniform = self._known(routes, self._shape_id), self._known(nbytes, _uniform)
         self._batches.append(_Batch(routes, nbytes, done, key, uniform))
         self._reschedule()
         return done
@@ -174,17 +185,18 @@ class FlowNetwork:
         return sum(b.count for b in self._batches)
 
     def _advance(self) -> None:
-        dt = self.env.now - self._last
+        now = self.env.now
+        dt = now - self._last
         if dt > 0:
             for b in self._batches:
                 b.advance(dt)
-        self._last = self.env.now
+        self._last = now
 
     def _reschedule(self) -> None:
-        self._version += 1
+        self._timer = None  # a timer set before this change is stale
         if not self._batches:
             return
-        key = tuple(b.key for b in self._batches)
+        key = tuple([b.key for b in self._batches])
         per_batch = self._rates.get(key)
         if per_batch is None:  # lockstep programs repeat the same flow sets: solve each once
             flat = maxmin_rates([r for b in self._batches for r in b.routes], self.capacity)
@@ -200,12 +212,11 @@ class FlowNetwork:
         dt = float("inf")
         for b, (rates, common) in zip(self._batches, per_batch):
             dt = min(dt, b.set_rates(rates, common))
-        version = self._version
-        ev = self.env.timeout(max(dt, 0.0))
-        ev.callbacks.append(lambda _e, v=version: self._on_timer(v))
+        ev = self._timer = self.env.timeout(max(dt, 0.0))
+        ev.callbacks.append(self._on_timer)
 
-    def _on_timer(self, version: int) -> None:
-        if version != self._version:
+    def _on_timer(self, ev) -> None:
+        if ev is not self._timer:
             return  # superseded by a later change
         self._advance()
         keep, finished = [], []
