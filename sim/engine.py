@@ -17,11 +17,7 @@ drawn from a generator private to the rank and seeded by ``seed`` and the rank, 
 stay reproducible. With ``compute_jitter_rho > 0`` the factor is drawn once per step:
 ``exp(mu + sigma * z)`` with ``z`` a standard-normal AR(1) over the rank's steps,
 ``z' = rho * z + sqrt(1 - rho**2) * e`` at each StepDone (stationary from the start, so
-every step's factor has mean 1 and the profile's cv). With ``wake_delay_us > 0`` the
-ranks that blocked in a collective leave it in an order: the first at its end, each
-other an exponential draw of that mean less the first's later (a shared host giving
-the ranks their cores back one after another; ``_wake``). The delay is blocked time,
-and the rank's next ops start after it.
+every step's factor has mean 1 and the profile's cv). ``wake_delay_us > 0``: see ``_wake``.
 """
 from __future__ import annotations
 
@@ -35,13 +31,7 @@ from oresearcher.reporting.report import Timeline
 
 from . import collectives as C
 from .swap import swap_seconds
-
-
-def lognormal_params(cv: float) -> tuple[float, float]:
-    """(mu, sigma) of the lognormal with mean 1 and coefficient of variation ``cv``:
-    sigma^2 = ln(1 + cv^2), mu = -sigma^2 / 2 (so E[e^X] = e^(mu + sigma^2/2) = 1)."""
-    s2 = math.log1p(cv * cv)
-    return -s2 / 2, math.sqrt(s2)
+from .draws import lognormal_params  # noqa: F401 (re-exported)
 
 
 def _meta(op) -> bool:
@@ -71,12 +61,8 @@ class _Instance:
 class _Chain:
     """A SimPy process without its own completion event or start event: steps ``gen``
     (which yields events that never fail) at once, from the call that creates it (the
-    last member's arrival), then from each event it waits on. A collective's run is waited
-    on through its instance's ``done`` event, never through its process: two events
-    fewer per collective than ``env.process``. Starting at once rather
-    than from an urgent event at the same time moves the run's first events ahead of what
-    the arriving rank does next at that instant; every shipped scenario's report came
-    out byte-identical either way when the change was made."""
+    last member's arrival), then from each event it waits on; the run is waited on through
+    its instance's ``done`` event: two events fewer per collective than ``env.process``."""
 
     __slots__ = ("gen",)
 
