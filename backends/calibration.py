@@ -243,13 +243,11 @@ def merge_inrun(per_rank: list[list[tuple]], world: int, pick=min, subgroups: bo
 def merge_waits(per_rank: list[list[tuple]], segments: list, world: int) -> list[dict]:
     """Rows {kind, flops, steps, wait_s}: for each of the program's world-group collectives
     (steady steps), the FLOPs of the Compute ops each rank ran since the previous meeting
-    and the step each belongs to (rank 0's log: every rank runs the same program), and how
-    long the ranks waited for the last one to arrive, mean over ranks.
-
-    A rank's wait is its time in the collective less the shortest time over ranks: ranks
-    leave a collective together, so the differences of their times are the differences
-    of their arrivals, and no clock is compared across ranks. [] when the ranks' logs do
-    not line up, or for fewer than 2 ranks.
+    and the step each belongs to (rank 0's log: every rank runs the same program), and
+    ``wait_s``, each rank's time in the collective less the shortest time over ranks,
+    mean over ranks: how much earlier each arrived and how much later each woke (the
+    transfer is common to all), with no clock compared across ranks. [] when the ranks'
+    logs do not line up, or for fewer than 2 ranks.
     """
     if world < 2 or not per_rank or len({len(c) for c in per_rank}) != 1 or len(segments) != len(per_rank[0]):
         return []

@@ -51,13 +51,13 @@ AR(1) whose K-step variance ratio equals the measured one (:func:`persistence_rh
 With it the simulator draws one factor per step (``compute_jitter_cv`` is then the
 step's spread itself).
 
-The profile also says how much of the real ranks' waiting the fitted jitter reproduces:
-at each of the program's own collectives the ranks' times differ by how much earlier
-each arrived (:func:`backends.calibration.merge_waits`), and the same ops drawn as the
-simulator draws them give the simulated ranks' wait there (:func:`simulated_wait`). A
-share well under 100% says the host delays its ranks in ways the jitter does not draw
-(a rank off its core around a short op, or inside a collective), and the program's
-simulated overhead will be low by about that much waiting.
+At each of the program's own collectives the ranks' times differ by how much earlier
+each arrived and how much later each woke (:func:`backends.calibration.merge_waits`).
+The device's ``wake_delay_us`` is the mean wake-up delay with which the simulated
+ranks' times there, drawn as the simulator draws them (:func:`simulated_meetings`),
+spread as much on top of the fitted jitter (:func:`fit_wake`); the in-run rows then
+keep the transfer alone. The profile says how much of the spread the jitter gives and
+what the delay adds. ``--no-jitter`` fits no delay either.
 
 For language-model scenarios on CPU the device profile also holds what the fsdp
 schedule prices beside the FLOPs (``oresearcher/programs/fsdp_costs.py``), measured with
@@ -87,8 +87,8 @@ from pathlib import Path
 from .calibration.fabric_fit import (  # noqa: F401 (re-exported: the calibration API)
     GB, MAX_BANDWIDTH_GBps, US, WORKLOAD_WEIGHT, FabricFit, fit_errors, fit_fabric, inrun_factor, scaled)
 from .calibration.jitter import (  # noqa: F401
-    fit_wake, op_jitter_cv, own_slowness, persistence_rho, pooled_cv, simulated_meetings, simulated_wait,
-    sync_period, variance_ratio)
+    fit_wake, op_jitter_cv, own_slowness, persistence_rho, pooled_cv, simulated_meetings, sync_period,
+    variance_ratio)
 from .calibration.profiles import (  # noqa: F401
     compute_rate, device_doc, fabric_doc, fsdp_fit, jitter_fit, profile_text, roofline_doc, wake_fit)
 from .calibration.record import Measurement  # noqa: F401 (re-exported)

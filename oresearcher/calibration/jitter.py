@@ -99,13 +99,6 @@ def simulated_meetings(rows, rate: float, host_s: float, cv: float, world: int, 
     low = x.min(axis=1)
     return float((x.mean(axis=1) - low).mean()), float(low.mean())
 
-def simulated_wait(rows, rate: float, host_s: float, cv: float, world: int, rho: float = 0.0, draws: int = 0,
-                   seed: int = 0) -> float:
-    """Mean over ``rows`` of the simulated ranks' mean wait for the last arrival, without
-    wake-up delays (:func:`simulated_meetings`; the last arriver waits 0, so the spread
-    is the mean wait)."""
-    return simulated_meetings(rows, rate, host_s, cv, world, rho, 0.0, draws, seed)[0]
-
 def fit_wake(rows, rate: float, host_s: float, cv: float, world: int, rho: float = 0.0) -> float:
     """The mean wake-up delay (seconds) with which the simulated ranks' times at the
     program's own collectives spread as much as the measured ones (``rows``' mean

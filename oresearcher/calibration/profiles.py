@@ -187,21 +187,20 @@ def _waits_line(device: dict, m: Measurement) -> list[str]:
                                   device.get("compute_jitter_cv", 0.0), m.world_size,
                                   device.get("compute_jitter_rho", 0.0), wake_s)
 
-    def spread(wake_s):
-        s = meet(wake_s)[0]
-        return f"{1e3 * s:.2f} ms ({s / measured:.0%})" if measured > 0 else f"{1e3 * s:.2f} ms"
+    def ms(spread):
+        return f"{1e3 * spread:.2f} ms ({spread / measured:.0%})" if measured > 0 else f"{1e3 * spread:.2f} ms"
 
-    def floor(wake_s):
-        return meet(wake_s)[1]
-
+    head = (f"# waits at the program's own collectives: each rank's time less the shortest, {1e3 * measured:.2f} ms "
+            f"(mean over {len(m.arrival_waits)} collectives and the ranks); the fitted jitter alone gives the "
+            f"simulated ranks {ms(meet(0.0)[0])}")
     wake = device.get("wake_delay_us", 0.0) * US
-    return [f"# waits at the program's own collectives: each rank's time less the shortest, {1e3 * measured:.2f} ms "
-            f"(mean over {len(m.arrival_waits)} collectives and the ranks); the fitted jitter alone gives the simulated "
-            f"ranks {spread(0.0)}"
-            + (f", with a mean wake-up delay of {wake / US:.0f} us after each collective (wake_delay_us) {spread(wake)}"
-               + (f"; the in-run rows (**) are the shortest rank's times less the {1e3 * floor(wake):.2f} ms of "
-                  "waiting and waking the simulator draws there." if m.inrun_factor != 1.0 else ".")
-               if wake > 0 else "; no wake-up delay is needed.")]
+    if wake <= 0:
+        return [head + "; no wake-up delay is needed."]
+    spread, floor = meet(wake)
+    tail = (f"; the in-run rows (**) are the shortest rank's times less the {1e3 * floor:.2f} ms of waiting and "
+            "waking the simulator draws there." if m.inrun_factor != 1.0 else ".")
+    return [head + f", with a mean wake-up delay of {wake / US:.0f} us after each collective (wake_delay_us) "
+            f"{ms(spread)}" + tail]
 
 def fabric_doc(name: str, fit: FabricFit, backend: str = "gloo") -> dict:
     return {

@@ -25,8 +25,8 @@ class Measurement:
     call_overhead_s: float = 0.0  # median host cost of one collective call
     collectives: list = field(default_factory=list)  # the idle sweep: rows {kind, bytes, time_s, ...}
     inrun_collectives: list = field(default_factory=list)  # the program's own collectives, every rank busy
-    # per in-run collective: the Compute ops' FLOPs since the previous one and the ranks' mean
-    # wait for the last arrival, rows {flops: [...], wait_s} (backends/calibration.py, merge_waits)
+    # per in-run collective: the Compute ops' FLOPs (and steps) since the previous one and each rank's
+    # time in it less the shortest, mean over ranks: rows {kind, flops, steps, wait_s} (merge_waits)
     arrival_waits: list = field(default_factory=list)
     wake_s: Optional[float] = None  # the fitted mean wake-up delay after a collective (None: not fitted yet)
     compute_step_s_mean: Optional[float] = None  # mean over ranks (None: compute_step_s)

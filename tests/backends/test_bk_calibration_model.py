@@ -250,7 +250,10 @@ def test_simulated_wait_of_one_op_is_the_hand_figure():
     """Two ranks, one op of d = 1 ms with cv 0.01 (a lognormal that close to normal): the
     arrivals differ by N(0, 2 (cv d)^2), whose mean absolute value is 2 cv d / sqrt(pi);
     each rank waits half of it on average: cv d / sqrt(pi) = 5.64 us."""
-    from oresearcher.calibration.jitter import simulated_wait
+    from oresearcher.calibration.jitter import simulated_meetings
+
+    def simulated_wait(*a, **kw):  # no wake-up delays: the spread is the mean wait
+        return simulated_meetings(*a, **kw)[0]
 
     rows = [{"flops": [1e9]}]
     got = simulated_wait(rows, 1e12, 0.0, 0.01, 2, draws=200_000)
@@ -272,7 +275,7 @@ def test_simulated_meetings_are_what_the_engine_draws(n, rho, every, wake_us):
     persistence matters). Without wake-up delays that time is the wait for the last
     arrival."""
     from oresearcher.reporting.report import summarize
-    from oresearcher.calibration.jitter import simulated_meetings, simulated_wait
+    from oresearcher.calibration.jitter import simulated_meetings
     from oresearcher.sim.engine import Engine
     from simkit import DEVICE, topo
 
@@ -304,7 +307,7 @@ def test_simulated_meetings_are_what_the_engine_draws(n, rho, every, wake_us):
     spread, floor = simulated_meetings(rows, 1e12, 0.0, 0.2, n, rho, wake_us * 1e-6)
     assert beyond / meetings == pytest.approx(spread + floor, rel=0.1)  # mean over ranks: (mean - min) + min
     if not wake_us:
-        assert rep["peer_wait_time_s"] * steps / meetings == pytest.approx(simulated_wait(rows, 1e12, 0.0, 0.2, n, rho),
+        assert rep["peer_wait_time_s"] * steps / meetings == pytest.approx(simulated_meetings(rows, 1e12, 0.0, 0.2, n, rho)[0],
                                                                            rel=0.1)
 
 
