@@ -76,7 +76,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 import alloc_ops  # noqa: E402  (cpu_per_step, contention)
 from oresearcher.reporting import round_ops  # noqa: E402
-from bench_sim_to_real import spread  # noqa: E402  ((max - min) / median of repeated runs)
+from bench_sim_to_real import cpu_ticks, host_stolen, spread  # noqa: E402  (run spread; stolen CPU time)
 from oresearcher.programs.cooperative_hosted import device_time_vs_shares  # noqa: E402
 from oresearcher.errors import UserError  # noqa: E402
 from oresearcher.scenario import load_scenario  # noqa: E402
@@ -179,7 +179,7 @@ def main(argv=None) -> int:
     except (UserError, ValueError) as e:
         print(f"bench_allocation: {str(e).splitlines()[0]}", file=sys.stderr)
         return 2
-    load0, t0 = os.getloadavg(), time.perf_counter()
+    load0, t0, ticks0 = os.getloadavg(), time.perf_counter(), cpu_ticks()
     reps = []
     with tempfile.TemporaryDirectory() as scratch:
         tmp = Path(args.keep or scratch)
@@ -195,7 +195,7 @@ def main(argv=None) -> int:
             reps.append(repeat(tmp / f"repeat{i + 1}", docs, flags, learner.fwd_flops + learner.bwd_flops))
     med = lambda key: statistics.median(r[key] for r in reps)  # noqa: E731
     print(f"load average {load0[0]:.2f} before, {os.getloadavg()[0]:.2f} after ({os.cpu_count()} cores); "
-          f"{time.perf_counter() - t0:.0f} s")
+          f"{time.perf_counter() - t0:.0f} s{host_stolen(ticks0)}")
     print(f"model inputs: host link {link:.2f} GB/s (measured here); calibrate: compute {rate_cal / 1e9:.3f} "
           f"GFLOP/s, host overhead {host_cal * 1e6:.1f} us per op; from each calibration run's critical rank:")
     for i, r in enumerate(reps, 1):

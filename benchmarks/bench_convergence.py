@@ -40,6 +40,11 @@ from oresearcher.sim import convergence as sc
 
 STRATEGIES = [("ddp", "ddp", []), ("diloco H=10", "diloco", ["training.local_steps=10"]),
               ("diloco H=50", "diloco", ["training.local_steps=50"]), ("oresearcher", "oresearcher", [])]
+# --ablate: the cooperative program with one part off at a time, to see which part's gain
+# the proxy measures but the held-out model does not get
+ABLATIONS = [("coop lr 1x", "oresearcher", ["cooperation.roles.lr_range=[1,1]"]),
+             ("coop plain", "oresearcher", ["cooperation.roles.policy=plain"]),
+             ("coop average", "oresearcher", ["cooperation.fusion.method=average"])]
 HELD_OUT, FIT_SEED = "gpt-tiny", 100
 
 
@@ -69,6 +74,10 @@ def main(argv=None) -> int:
                    help="also print, for each strategy and both models, data parallel's steps over the strategy's at "
                         "each loss level the multiplier takes its median over (first seed), by the fraction of data "
                         "parallel's drop")
+    p.add_argument("--ablate", action="store_true",
+                   help="also the cooperative program with one part off at a time: every agent at the base "
+                        "learning rate (lr_range [1, 1]; explorers keep their scale), no roles (policy plain), "
+                        "plain averaging in place of attention fusion")
     args = p.parse_args(argv)
     if args.seeds < 1 or args.steps < 20 or args.agents < 3 or args.interval < 1 or not args.lr > 0:
         p.error("--seeds and --interval at least 1, --steps at least 20, --agents at least 3 (explorers, an "
@@ -92,9 +101,9 @@ def main(argv=None) -> int:
     print(f"the fit on its own run: {own_fit} steps to the target, the run itself {own_run} "
           f"({own_fit / own_run - 1:+.1%}): the form's error, before any multiplier")
     proxy_m = {}
-    print(f"{'strategy':<12}{'proxy m':>17}{'held-out m':>11}{'measured':>9}  {'seeds':<16}{'law fit':>8}"
+    print(f"{'strategy':<14}{'proxy m':>17}{'held-out m':>11}{'measured':>9}  {'seeds':<16}{'law fit':>8}"
           f"{'error':>8}{'run / m':>8}{'error':>8}")
-    for label, strategy, extra in STRATEGIES:
+    for label, strategy, extra in STRATEGIES + (ABLATIONS if args.ablate else []):
         small, big = scenario(strategy, extra, args, "gpt-proxy"), scenario(strategy, extra, args, HELD_OUT)
         eff = sc.efficiency(small, log) if strategy != "ddp" else cv.Efficiency.of([1.0])
         proxy_m[label] = eff
@@ -112,7 +121,7 @@ def main(argv=None) -> int:
         else:
             cells = (f"{mid:g}", f"{by_fit / mid - 1:+.1%}", "" if by_run is None else f"{by_run / mid - 1:+.1%}")
         own_txt = f"{median(x for x in own if x):.2f}" if any(own) else "-"
-        print(f"{label:<12}{eff.multiplier:>7.2f} [{eff.low:.2f}-{eff.high:.2f}]{own_txt:>11}{cells[0]:>9}  "
+        print(f"{label:<14}{eff.multiplier:>7.2f} [{eff.low:.2f}-{eff.high:.2f}]{own_txt:>11}{cells[0]:>9}  "
               f"{shown:<16}{by_fit:>8}{cells[1]:>8}{by_run or '-':>8}{cells[2]:>8}")
     if args.levels:
         by_level(args, log)

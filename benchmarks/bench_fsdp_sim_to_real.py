@@ -49,7 +49,8 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_sim_to_real import REPO, WARMUP, calibrate, err, measure, predict, print_table, spread  # noqa: E402
+from bench_sim_to_real import (REPO, WARMUP, calibrate, cpu_ticks, err, host_stolen, measure, predict,  # noqa: E402
+                               print_table, spread)
 
 from oresearcher.backends.launcher import launch_local  # noqa: E402
 
@@ -161,7 +162,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="fsdp-sim2real-"))
     work.mkdir(parents=True, exist_ok=True)
-    rows, t0, load_before = [], time.perf_counter(), os.getloadavg()[0]
+    rows, t0, load_before, ticks0 = [], time.perf_counter(), os.getloadavg()[0], cpu_ticks()
     for n in args.ranks:
         path = work / f"fsdp{n}.yaml"
         path.write_text(yaml.safe_dump(scenario_dict(n, args.steps, not args.zero2), sort_keys=False))
@@ -191,7 +192,7 @@ def main(argv=None) -> int:
     if any(not r["meas"]["comm_overhead"] for r in rows):
         print("(a measured overhead of 0: that run's collectives ran inside its one Compute op, uncounted)")
     print(f"load average (1 min) before {load_before:.2f}, after {os.getloadavg()[0]:.2f}; "
-          f"{os.cpu_count()} cores; {args.repeats} repeat(s), medians")
+          f"{os.cpu_count()} cores; {args.repeats} repeat(s), medians{host_stolen(ticks0)}")
     (work / "fsdp_sim_to_real.json").write_text(json.dumps(rows, indent=1, default=float))
     print(f"scenarios, profiles, runs and fsdp_sim_to_real.json in {work}")
     return 0 if all(abs(r["step_err"]) <= 0.15 for r in rows) else 1

@@ -146,6 +146,36 @@ def spread(xs: list) -> float:
     return (max(xs) - min(xs)) / statistics.median(xs) if len(xs) > 1 and statistics.median(xs) else 0.0
 
 
+def cpu_ticks() -> tuple[int, int] | None:
+    """(stolen, all) CPU ticks since boot, summed over cores, from Linux's /proc/stat;
+    None where there is none. Stolen ticks are the time a virtual machine's hypervisor
+    ran something else while this machine had work: a host busier than the load average
+    says."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    return (fields[7], sum(fields)) if len(fields) == 8 else None
+
+
+def stolen(a, b) -> float | None:
+    """Share of the CPU time between two :func:`cpu_ticks` readings that was stolen."""
+    if a is None or b is None or b[1] <= a[1]:
+        return None
+    return (b[0] - a[0]) / (b[1] - a[1])
+
+
+def stolen_text(shares) -> str:
+    """Stolen shares as percentages ("-" where unknown)."""
+    return ", ".join("-" if x is None else f"{100 * x:.0f}" for x in shares)
+
+
+def host_stolen(since) -> str:
+    """"; N% of the CPU time stolen by the hypervisor" since a :func:`cpu_ticks` reading, or ""."""
+    x = stolen(since, cpu_ticks())
+    return "" if x is None else f"; {100 * x:.1f}% of the CPU time stolen by the hypervisor"
+
+
 def err(pred: float, meas: float) -> float:
     return (pred - meas) / meas if meas else float("nan")
 
@@ -176,33 +206,40 @@ def main(argv=None) -> int:
     chosen = [(i, c) for i, c in enumerate(CONFIGS, 1) if not args.only or i in args.only]
     rows = []
     t0 = time.perf_counter()
-    load_before = os.getloadavg()[0]
+    load_before, ticks0 = os.getloadavg()[0], cpu_ticks()
     for i, (label, n, extra) in chosen:
         path = work / f"config{i}.yaml"
         path.write_text(yaml.safe_dump(scenario_dict(n, extra), sort_keys=False))
-        preds, meass = [], []
+        preds, meass, steal = [], [], []
         for k in range(args.repeats):
             profile = work / f"profile{i}-{k}.yaml"
+            c0 = cpu_ticks()
             calibrate(path, profile, args.calibrate_arg)
+            c1 = cpu_ticks()
             meass.append(measure(path, work / f"run{i}-{k}", args.per_collective))
+            steal.append((stolen(c0, c1), stolen(c1, cpu_ticks())))
             preds.append(predict(path, profile, args.per_collective))
         pred, meas = median_report(preds), median_report(meass)
         rows.append({"config": label, "ranks": n, "pred": pred, "meas": meas,
                      "step_spread": spread([m["step_time_s"] for m in meass]),
                      "overhead_spread": spread([m["comm_overhead"] for m in meass]),
                      "step_err": err(pred["step_time_s"], meas["step_time_s"]),
-                     "overhead_err": err(pred["comm_overhead"], meas["comm_overhead"])})
+                     "overhead_err": err(pred["comm_overhead"], meas["comm_overhead"]),
+                     "stolen_calibrations": [c for c, _ in steal], "stolen_runs": [r for _, r in steal]})
         keys = ("step_time_s", "comm_overhead")
         first = median_report([{k: m[f"first_steps_{k}"] for k in keys} for m in meass], keys)
         print(f"[{time.perf_counter() - t0:5.0f} s] {label}: step {1e3 * pred['step_time_s']:.1f} vs "
               f"{1e3 * meas['step_time_s']:.1f} ms, overhead {pred['comm_overhead']:.1%} vs {meas['comm_overhead']:.1%} "
               f"(steps {WARMUP + 1}..; with the first {WARMUP}: {1e3 * first['step_time_s']:.1f} ms, "
               f"{first['comm_overhead']:.1%})", flush=True)
+        if any(x is not None for pair in steal for x in pair):
+            print(f"  CPU time stolen by the hypervisor, % per pair, calibration / run: "
+                  f"{'; '.join(stolen_text(pair).replace(', ', ' / ') for pair in steal)}")
         if args.per_collective:
             print_blocked(preds, meass)
     print_table(rows, args.markdown)
     print(f"load average (1 min) before {load_before:.2f}, after {os.getloadavg()[0]:.2f}; "
-          f"{os.cpu_count()} cores; {args.repeats} repeat(s), medians")
+          f"{os.cpu_count()} cores; {args.repeats} repeat(s), medians{host_stolen(ticks0)}")
     (work / "sim_to_real.json").write_text(json.dumps(rows, indent=1, default=float))
     print(f"scenarios, profiles, runs and sim_to_real.json in {work}")
     return 0 if all(abs(r["step_err"]) <= 0.15 and abs(r["overhead_err"]) <= 0.15 for r in rows) else 1
