@@ -167,6 +167,26 @@ def collective_bench() -> str:
     return fence("\n".join([head, *keep, tail]))
 
 
+NIC_SIZES = ("256 KiB", "1 MiB", "16 MiB", "256 MiB", "4 GiB")
+
+
+def nic_4_vs_8() -> str:
+    """All-reduce bus bandwidth on two A100 nodes with 8 and with 4 NICs per node, at a few
+    sizes, from the two commands' tables."""
+    busbw, cmds = {}, {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for nics, name in (("8 NICs", "2x8xA100"), ("4 NICs", "2x8xA100-4nic")):
+            cmds[nics] = f"python -m oresearcher.sim scenarios/{name}.yaml --collective-bench all_reduce"
+            out = run(f"{cmds[nics]} --out {tmp}/{name}")
+            busbw[nics] = {ln.split("│")[1].strip(): ln.split("│")[4].strip() for ln in out.splitlines()
+                           if ln.startswith("│")}
+    width = max(len(x) for x in NIC_SIZES) + 2
+    lines = [f"$ {cmds['8 NICs']}        (trimmed)", f"$ {cmds['4 NICs']}   (trimmed)",
+             "busbw (GB/s)" + "".join(f"{x:>{width}}" for x in NIC_SIZES)]
+    lines += [f"{nics:<12}" + "".join(f"{busbw[nics][x]:>{width}}" for x in NIC_SIZES) for nics in busbw]
+    return fence("\n".join(lines))
+
+
 CURVES = {  # reference name -> the README's description of it
     "abci2-intra-anode-job08-a100sxm40-8gpu": ("ABCI 2.0, NCCL 2.8.4, one process per GPU, 4 B - 32 MiB",
                                                "1 x 8 A100, NVSwitch"),
@@ -363,6 +383,8 @@ BLOCKS = [
     Block("bad-input", "python -m oresearcher.sim bad.yaml (and an unknown device)", bad_input),
     Block("collective-bench", "python -m oresearcher.sim scenarios/8xA100.yaml --collective-bench all_reduce "
           "--reference ...", collective_bench),
+    Block("nic-4-vs-8", "python -m oresearcher.sim scenarios/2x8xA100{,-4nic}.yaml --collective-bench all_reduce",
+          nic_4_vs_8),
     Block("collective-errors", "python benchmarks/bench_collectives.py", collective_errors),
     Block("sim-digits-final", "python -m oresearcher.sim scenarios/digits-4.yaml", sim_digits_final, quick=False),
     Block("sim-sweep", "python -m oresearcher.sim scenarios/8xA100.yaml ... --sweep communication.bucket_size_MB=...",
