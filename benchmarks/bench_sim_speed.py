@@ -26,6 +26,7 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 SPEED = ["workload.model=gpt-125m", "training.strategy=ddp"]
 BIG = ["cluster.nodes=2048", "agents.count=16384", "workload.global_batch=131072"]
@@ -88,6 +89,10 @@ def main():
         print(json.dumps(run_case(args.case, args.steps, args.repeats)))
         return
     repeats = 1 if args.quick else args.repeats
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_sim_to_real import cpu_ticks, host_stolen  # the share of CPU time the hypervisor took
+
+    ticks0 = cpu_ticks()
     print(f"{'case':<24}{'wall s':>9}{'cpu s':>8}{'target s':>10}{'wall/tgt':>9}{'cpu/tgt':>9}"
           f"{'ops':>13}{'ops/cpu s':>12}{'procs':>7}{'peak MB':>9}")
     for name, (_, _, steps, target) in CASES.items():
@@ -108,7 +113,10 @@ def main():
     up = statistics.median(speedups)
     print(f"sweep of {configs} configurations: serial {serial:.2f} s, --jobs 2 {pooled:.2f} s (medians), "
           f"speed-up {up:.2f}x (median of {len(runs)}: {', '.join(f'{x:.2f}' for x in speedups)}; "
-          f"target >= {SWEEP_TARGET}x: ratio {up / SWEEP_TARGET:.2f}); reports identical: {all(r[2] for r in runs)}")
+          f"target >= {SWEEP_TARGET}x: ratio {up / SWEEP_TARGET:.3f}); reports identical: {all(r[2] for r in runs)}")
+    if host_stolen(ticks0):
+        print(f"host: {host_stolen(ticks0)[2:]} during the benchmark (given to other machines while this "
+              "one had work: a host busier than its load average)")
 
 
 if __name__ == "__main__":
