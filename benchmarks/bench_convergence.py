@@ -44,7 +44,11 @@ STRATEGIES = [("ddp", "ddp", []), ("diloco H=10", "diloco", ["training.local_ste
 # the proxy measures but the held-out model does not get
 ABLATIONS = [("coop lr 1x", "oresearcher", ["cooperation.roles.lr_range=[1,1]"]),
              ("coop plain", "oresearcher", ["cooperation.roles.policy=plain"]),
-             ("coop average", "oresearcher", ["cooperation.fusion.method=average"])]
+             ("coop average", "oresearcher", ["cooperation.fusion.method=average"]),
+             ("coop static", "oresearcher", ["cooperation.roles.policy=static"]),
+             ("coop expl 1x", "oresearcher", ["cooperation.roles.explorer_lr_scale=1"]),
+             ("coop no noise", "oresearcher", ["cooperation.roles.explorer_noise=0"]),
+             ("coop swa", "oresearcher", ["cooperation.roles.optimizer_method=swa"])]
 HELD_OUT, FIT_SEED = "gpt-tiny", 100
 
 
@@ -77,7 +81,8 @@ def main(argv=None) -> int:
     p.add_argument("--ablate", action="store_true",
                    help="also the cooperative program with one part off at a time: every agent at the base "
                         "learning rate (lr_range [1, 1]; explorers keep their scale), no roles (policy plain), "
-                        "plain averaging in place of attention fusion")
+                        "plain averaging in place of attention fusion, roles kept from the start (static), "
+                        "explorers at the base rate, explorers without parameter noise, SWA in place of SAM")
     args = p.parse_args(argv)
     if args.seeds < 1 or args.steps < 20 or args.agents < 3 or args.interval < 1 or not args.lr > 0:
         p.error("--seeds and --interval at least 1, --steps at least 20, --agents at least 3 (explorers, an "
