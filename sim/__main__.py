@@ -37,9 +37,9 @@ from oresearcher.reporting.trace import write_trace
 from oresearcher.reporting.units import format_bytes
 from oresearcher.files import writable_dir
 
-from .bench import OPS, bench_png, bus_factor, collective_bench, read_reference, reference_error
+from .bench import OPS, bench_cluster, bench_png, bus_factor, collective_bench, read_reference, reference_error
 from .numeric_cost import numeric_note
-from .simulate import build_cluster, resolve_mode, simulate
+from .simulate import resolve_mode, simulate
 from .convergence import attach
 
 
@@ -196,9 +196,7 @@ def _num(x: float) -> str:
 
 def cmd_bench(args) -> int:
     scenario = load_scenario(args.scenario, args.set)
-    scenario = scenario.model_copy(update={"agents": scenario.agents.model_copy(
-        update={"count": scenario.cluster.world_size, "roles": None, "architectures": []})})
-    device, topo = build_cluster(scenario)
+    device, topo = bench_cluster(scenario)
     refs = [(Path(f).stem, read_reference(f, bus_factor(args.collective_bench, topo.world_size)))
             for f in args.reference]
     topo.launch = args.launch

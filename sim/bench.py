@@ -97,6 +97,16 @@ def _program(op: str, size: int, n: int):
     yield O.StepDone(0)
 
 
+def bench_cluster(scenario):
+    """(device, topology) a collective benchmark of ``scenario`` runs on: one rank per GPU
+    of its cluster, whatever its agents say."""
+    from .simulate import build_cluster
+
+    scenario = scenario.model_copy(update={"agents": scenario.agents.model_copy(
+        update={"count": scenario.cluster.world_size, "roles": None, "architectures": []})})
+    return build_cluster(scenario)
+
+
 def collective_bench(topo, device, op: str, sizes=None, algorithm: str = "auto") -> list[dict]:
     """One row per size: size_bytes, time_us, algbw_GBps, busbw_GBps, algorithm."""
     if op not in OPS:
