@@ -3,6 +3,7 @@ small proxy, against runs of a model 6.5x larger.
 
     OMP_NUM_THREADS=1 python benchmarks/bench_convergence.py
     OMP_NUM_THREADS=1 python benchmarks/bench_convergence.py --cache runs/.convergence-cache --seeds 3
+    OMP_NUM_THREADS=1 python benchmarks/bench_convergence.py --ablate   # + the cooperative program, one part off
 
 What is compared, for synchronous data parallel, DiLoCo at two H and the cooperative
 program (4 agents, 2 explorers, an optimizer and a validator, otherwise
@@ -67,7 +68,7 @@ def curve(s, seed, log, **kw):
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     p.add_argument("--cache", default="runs/.convergence-cache")
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--steps", type=int, default=200)
