@@ -28,7 +28,11 @@ configuration's line prints the run's own figures with them too. It compares the
 median prediction with the median measurement over ``--repeats`` (the machine is shared; medians resist a
 neighbour's burst). "run spread" is (max - min) / median of the repeated real runs: the
 machine's own noise, the floor under any prediction error. The load average before and
-after is printed with the table.
+after is printed with the table; for each calibrate/run pair, the share of CPU time the
+hypervisor took (``cpu_ticks``) and the rank split: how much the slowest rank's compute
+per step exceeds the fastest's (``rank_split``), in the calibration and in the run. A run
+whose ranks split more than its calibration's waits at every collective for a rank the
+prediction did not see.
 """
 from __future__ import annotations
 
@@ -36,6 +40,7 @@ import argparse
 import copy
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -46,7 +51,7 @@ from pathlib import Path
 import yaml
 
 from oresearcher.errors import UserError
-from oresearcher.reporting.round_ops import WARMUP, steady, trace_spans  # a real run's steady figures
+from oresearcher.reporting.round_ops import WARMUP, rank_split, steady, trace_spans  # a real run's steady figures
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -176,6 +181,22 @@ def host_stolen(since) -> str:
     return "" if x is None else f"; {100 * x:.1f}% of the CPU time stolen by the hypervisor"
 
 
+def calibration_split(profile: Path) -> float | None:
+    """:func:`rank_split` of the compute per step each rank measured during calibration,
+    read from the profile's header line (``per rank: a, b ms``); None where it has none."""
+    try:
+        found = re.search(r"per rank: ([0-9., ]+) ms;", profile.read_text())
+    except OSError:
+        return None
+    return rank_split([float(x) for x in found.group(1).split(",")]) if found else None
+
+
+def split_text(pairs) -> str:
+    """(calibration, run) rank splits as "c / r" percentages, pairs joined by "; "."""
+    pct = lambda x: "-" if x is None else f"{100 * x:.0f}"  # noqa: E731
+    return "; ".join(f"{pct(c)} / {pct(r)}" for c, r in pairs)
+
+
 def err(pred: float, meas: float) -> float:
     return (pred - meas) / meas if meas else float("nan")
 
@@ -210,7 +231,7 @@ def main(argv=None) -> int:
     for i, (label, n, extra) in chosen:
         path = work / f"config{i}.yaml"
         path.write_text(yaml.safe_dump(scenario_dict(n, extra), sort_keys=False))
-        preds, meass, steal = [], [], []
+        preds, meass, steal, split = [], [], [], []
         for k in range(args.repeats):
             profile = work / f"profile{i}-{k}.yaml"
             c0 = cpu_ticks()
@@ -218,6 +239,7 @@ def main(argv=None) -> int:
             c1 = cpu_ticks()
             meass.append(measure(path, work / f"run{i}-{k}", args.per_collective))
             steal.append((stolen(c0, c1), stolen(c1, cpu_ticks())))
+            split.append((calibration_split(profile), rank_split(meass[-1]["compute_s_by_rank"])))
             preds.append(predict(path, profile, args.per_collective))
         pred, meas = median_report(preds), median_report(meass)
         rows.append({"config": label, "ranks": n, "pred": pred, "meas": meas,
@@ -225,7 +247,8 @@ def main(argv=None) -> int:
                      "overhead_spread": spread([m["comm_overhead"] for m in meass]),
                      "step_err": err(pred["step_time_s"], meas["step_time_s"]),
                      "overhead_err": err(pred["comm_overhead"], meas["comm_overhead"]),
-                     "stolen_calibrations": [c for c, _ in steal], "stolen_runs": [r for _, r in steal]})
+                     "stolen_calibrations": [c for c, _ in steal], "stolen_runs": [r for _, r in steal],
+                     "rank_split_calibrations": [c for c, _ in split], "rank_split_runs": [r for _, r in split]})
         keys = ("step_time_s", "comm_overhead")
         first = median_report([{k: m[f"first_steps_{k}"] for k in keys} for m in meass], keys)
         print(f"[{time.perf_counter() - t0:5.0f} s] {label}: step {1e3 * pred['step_time_s']:.1f} vs "
@@ -235,6 +258,9 @@ def main(argv=None) -> int:
         if any(x is not None for pair in steal for x in pair):
             print(f"  CPU time stolen by the hypervisor, % per pair, calibration / run: "
                   f"{'; '.join(stolen_text(pair).replace(', ', ' / ') for pair in steal)}")
+        if n > 1:
+            print(f"  rank split (slowest rank's compute per step over the fastest's, % of the mean), per pair, "
+                  f"calibration / run: {split_text(split)}")
         if args.per_collective:
             print_blocked(preds, meass)
     print_table(rows, args.markdown)

@@ -144,7 +144,9 @@ def steady(report: dict, run_dir: Path, warmup: int = WARMUP) -> dict:
     """A real run's report over its steps after the first ``warmup``: ``step_time_s`` (the
     slowest rank's, as the report's own figure), ``exposed_comm_time_s`` (the mean over
     ranks of the time blocked in communication, from the run's trace) and
-    ``comm_overhead``, their ratio. The first steps hold a run's warm-up (the first
+    ``comm_overhead``, their ratio, and ``compute_s_by_rank`` (each rank's seconds in
+    Compute ops per step: a rank that stays slower than the others sets the pace at every
+    collective, see :func:`rank_split`). The first steps hold a run's warm-up (the first
     collectives' connections, lazy allocations, the optimizer's state created at its
     first step: 100-200 ms once here, several steps' worth), which the simulator does not
     price: every simulated step is the same. The report's own figures are kept with a
@@ -160,4 +162,16 @@ def steady(report: dict, run_dir: Path, warmup: int = WARMUP) -> dict:
     out["step_time_s"] = max((t[-1] - t[warmup - 1]) / (len(t) - warmup) for t in ends.values())
     out["exposed_comm_time_s"] = sum(blocked[r] / (len(t) - warmup) for r, t in ends.items()) / len(ends)
     out["comm_overhead"] = out["exposed_comm_time_s"] / out["step_time_s"]
+    out["compute_s_by_rank"] = {
+        r: sum(e - s for s, e, _, lane in spans[int(r)] if lane == "compute" and s >= t[warmup - 1]) / (len(t) - warmup)
+        for r, t in ends.items()}
     return out
+
+
+def rank_split(per_rank) -> float:
+    """How much the slowest rank's compute per step exceeds the fastest's, over the mean
+    (0 where fewer than two ranks or no compute): ranks that differ this much for a whole
+    run make the faster ones wait at every collective, which per-op jitter does not."""
+    xs = list(per_rank.values()) if isinstance(per_rank, dict) else list(per_rank)
+    mean = sum(xs) / len(xs) if xs else 0.0
+    return (max(xs) - min(xs)) / mean if len(xs) > 1 and mean > 0 else 0.0
