@@ -191,10 +191,10 @@ def calibration_split(profile: Path) -> float | None:
     return rank_split([float(x) for x in found.group(1).split(",")]) if found else None
 
 
-def split_text(pairs) -> str:
-    """(calibration, run) rank splits as "c / r" percentages, pairs joined by "; "."""
-    pct = lambda x: "-" if x is None else f"{100 * x:.0f}"  # noqa: E731
-    return "; ".join(f"{pct(c)} / {pct(r)}" for c, r in pairs)
+def pairs_text(pairs) -> str:
+    """(calibration, run) shares per pair as "c / r" percentages (:func:`stolen_text`),
+    pairs joined by "; "."""
+    return "; ".join(stolen_text(pair).replace(", ", " / ") for pair in pairs)
 
 
 def err(pred: float, meas: float) -> float:
@@ -257,10 +257,10 @@ def main(argv=None) -> int:
               f"{first['comm_overhead']:.1%})", flush=True)
         if any(x is not None for pair in steal for x in pair):
             print(f"  CPU time stolen by the hypervisor, % per pair, calibration / run: "
-                  f"{'; '.join(stolen_text(pair).replace(', ', ' / ') for pair in steal)}")
+                  f"{pairs_text(steal)}")
         if n > 1:
             print(f"  rank split (slowest rank's compute per step over the fastest's, % of the mean), per pair, "
-                  f"calibration / run: {split_text(split)}")
+                  f"calibration / run: {pairs_text(split)}")
         if args.per_collective:
             print_blocked(preds, meass)
     print_table(rows, args.markdown)

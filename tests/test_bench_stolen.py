@@ -40,4 +40,4 @@ def test_rank_split_of_a_calibration_is_read_from_its_profile_header(tmp_path):
     prof.write_text("kind: device\n")
     assert b.calibration_split(prof) is None
     assert b.calibration_split(tmp_path / "missing.yaml") is None
-    assert b.split_text([(0.056, 0.18), (None, 0.0)]) == "6 / 18; - / 0"
+    assert b.pairs_text([(0.056, 0.18), (None, 0.0)]) == "6 / 18; - / 0"
