@@ -4,6 +4,7 @@ small proxy, against runs of a model 6.5x larger.
     OMP_NUM_THREADS=1 python benchmarks/bench_convergence.py
     OMP_NUM_THREADS=1 python benchmarks/bench_convergence.py --cache runs/.convergence-cache --seeds 3
     OMP_NUM_THREADS=1 python benchmarks/bench_convergence.py --ablate   # + the cooperative program, one part off
+    OMP_NUM_THREADS=1 python benchmarks/bench_convergence.py --sizes    # + each multiplier at three model sizes
 
 What is compared, for synchronous data parallel, DiLoCo at two H and the cooperative
 program (4 agents, 2 explorers, an optimizer and a validator, otherwise
@@ -51,6 +52,7 @@ ABLATIONS = [("coop lr 1x", "oresearcher", ["cooperation.roles.lr_range=[1,1]"])
              ("coop no noise", "oresearcher", ["cooperation.roles.explorer_noise=0"]),
              ("coop swa", "oresearcher", ["cooperation.roles.optimizer_method=swa"])]
 HELD_OUT, FIT_SEED = "gpt-tiny", 100
+SIZES = ("gpt-nano", "gpt-proxy", HELD_OUT)  # --sizes: the proxy's smaller neighbour, the proxy, the held-out model
 
 
 def scenario(strategy, extra, args, model):
@@ -84,6 +86,9 @@ def main(argv=None) -> int:
                         "learning rate (lr_range [1, 1]; explorers keep their scale), no roles (policy plain), "
                         "plain averaging in place of attention fusion, roles kept from the start (static), "
                         "explorers at the base rate, explorers without parameter noise, SWA in place of SAM")
+    p.add_argument("--sizes", action="store_true",
+                   help="also each strategy's multiplier at three model sizes (gpt-nano, gpt-proxy, the held-out "
+                        "gpt-tiny), and the held-out steps a trend in ln N through the two smaller ones would predict")
     args = p.parse_args(argv)
     if args.seeds < 1 or args.steps < 20 or args.agents < 3 or args.interval < 1 or not args.lr > 0:
         p.error("--seeds and --interval at least 1, --steps at least 20, --agents at least 3 (explorers, an "
@@ -106,7 +111,7 @@ def main(argv=None) -> int:
     own_run = cv.first_at_or_below(fit_run, target)
     print(f"the fit on its own run: {own_fit} steps to the target, the run itself {own_run} "
           f"({own_fit / own_run - 1:+.1%}): the form's error, before any multiplier")
-    proxy_m = {}
+    proxy_m, measured_mid = {}, {}
     print(f"{'strategy':<14}{'proxy m':>17}{'held-out m':>11}{'measured':>9}  {'seeds':<16}{'law fit':>8}"
           f"{'error':>8}{'run / m':>8}{'error':>8}")
     for label, strategy, extra in STRATEGIES + (ABLATIONS if args.ablate else []):
@@ -121,6 +126,7 @@ def main(argv=None) -> int:
         reached = [m for m in measured if m is not None]
         mid = median(m if m is not None else math.inf for m in measured)
         by_run = math.ceil(own_run / eff.multiplier) if own_run else None
+        measured_mid[label] = mid
         shown = "[" + ", ".join(str(m) if m else "-" for m in measured) + "]"
         if len(reached) * 2 <= len(measured):
             cells = (f"not reached {len(measured) - len(reached)}/{len(measured)}", "", "")
@@ -129,12 +135,14 @@ def main(argv=None) -> int:
         own_txt = f"{median(x for x in own if x):.2f}" if any(own) else "-"
         print(f"{label:<14}{eff.multiplier:>7.2f} [{eff.low:.2f}-{eff.high:.2f}]{own_txt:>11}{cells[0]:>9}  "
               f"{shown:<16}{by_fit:>8}{cells[1]:>8}{by_run or '-':>8}{cells[2]:>8}")
-    if args.levels:
-        by_level(args, log)
     print("m: effective-token multiplier against data parallel, median over seeds [range]; measured: median over "
           "seeds of the first step at the target (seeds: each one's); law fit: the fit's steps / proxy m; "
           f"run / m: the fit run's own steps ({own_run}) / proxy m (the multiplier alone, without the form's error); "
           "error: predicted / measured - 1")
+    if args.levels:
+        by_level(args, log)
+    if args.sizes:
+        by_size(args, own_run, lambda m: math.ceil(cv.tokens_to_loss(law, 1.0, target, m) / tps), measured_mid, log)
     published(proxy_m)
     return 0
 
@@ -150,6 +158,51 @@ def by_level(args, log) -> None:
             cells = [f"{(base[0] - level) / (base[0] - base[-1]):.2f}:{ratio:.2f}"
                      for level, ratio in cv.level_ratios(base, mine)]
             print(f"  {label:<12} {model:<10} {' '.join(cells)}")
+
+
+def by_size(args, own_run, law_steps, measured: dict, log) -> None:
+    """Each strategy's multiplier on three model sizes, seed by seed against data parallel
+    on the same size and seed: does the gain shrink or grow with N, and would a straight
+    line in (ln N, ln m) through the two smaller sizes carry the proxy's multiplier to the
+    held-out model?"""
+    n = [sc.n_params(model) for model in SIZES]
+    print("efficiency by model size (median over seeds; m: over loss levels, as the simulator measures it; at 3/4: "
+          "data parallel's steps over the strategy's to three quarters of each seed's data-parallel drop):")
+    print(f"{'strategy':<14}" + "".join(f"{f'{model} ({k / 1e6:.2f}M)':>24}" for model, k in zip(SIZES, n))
+          + f"{'trend m':>9}{'law fit':>8}{'error':>8}{'run / m':>8}{'error':>8}")
+    trends = {}
+    for label, strategy, extra in STRATEGIES[1:]:
+        cells, ms = [], []
+        for model in SIZES:
+            s, base_s = scenario(strategy, extra, args, model), scenario("ddp", [], args, model)
+            seeds = [s.seed + k for k in range(args.seeds)]
+            base = [curve(base_s, sd, log, strategy="ddp", codec="none") for sd in seeds]
+            mine = [curve(s, sd, log) for sd in seeds]
+            m = median(x for x in (cv.multiplier(b, y) for b, y in zip(base, mine)) if x)
+            at = median(ratio_at(b, y, 0.75) for b, y in zip(base, mine))
+            ms.append(m)
+            cells.append(f"m {m:.2f}, at 3/4 {at:.2f}")
+        slope = math.log(ms[1] / ms[0]) / math.log(n[1] / n[0])
+        trend = ms[1] * (n[2] / n[1]) ** slope
+        by_fit, by_run, mid = law_steps(trend), math.ceil(own_run / trend), measured.get(label)
+        errors = [f"{x / mid - 1:+.1%}" if mid and math.isfinite(mid) else "-" for x in (by_fit, by_run)]
+        print(f"{label:<14}" + "".join(f"{c:>24}" for c in cells)
+              + f"{trend:>9.2f}{by_fit:>8}{errors[0]:>8}{by_run:>8}{errors[1]:>8}")
+        trends[label] = ms
+    print(f"trend m: the line in (ln N, ln m) through {SIZES[0]} and {SIZES[1]}, read at {SIZES[2]}; law fit and "
+          f"run / m as above with trend m in place of the proxy's; error: against the measured median above")
+    h10, h50 = trends["diloco H=10"], trends["diloco H=50"]
+    print(f"published (2503.09799, 35M-2.4B parameters): DiLoCo scales better than data parallel with model size; "
+          f"here its m {'falls' if h10[2] < h10[0] and h50[2] < h50[0] else 'does not fall'} with N "
+          f"(H=10 {h10[0]:.2f} -> {h10[2]:.2f}, H=50 {h50[0]:.2f} -> {h50[2]:.2f})")
+
+
+def ratio_at(base, other, fraction: float) -> float:
+    """Data parallel's steps over the strategy's to ``fraction`` of data parallel's drop
+    (nan where either curve does not get there)."""
+    level = base[0] - fraction * (base[0] - base[-1])
+    a, b = cv.first_at_or_below(base, level), cv.first_at_or_below(other, level)
+    return a / b if a and b else math.nan
 
 
 def published(proxy_m: dict) -> None:

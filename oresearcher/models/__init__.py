@@ -97,6 +97,7 @@ PUBLISHED_PARAMS = {
 
 PRESETS: dict[str, ModelConfig] = {
     # Toy sizes for CPU training: byte-level vocabulary, short context.
+    "gpt-nano": _gpt(1, 1, 32, vocab=256, ctx=256),         # ~0.03M: the proxy's smaller neighbour (bench_convergence --sizes)
     "gpt-proxy": _gpt(2, 2, 64, vocab=256, ctx=256),        # ~0.13M: the convergence proxy (sim/convergence.py)
     "gpt-tiny": _gpt(4, 4, 128, vocab=256, ctx=256),        # ~0.8M params
     "gpt-small-cpu": _gpt(4, 4, 256, vocab=1024, ctx=256),  # ~3.5M params
