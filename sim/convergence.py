@@ -28,6 +28,10 @@ from oresearcher.errors import UserError
 from oresearcher.scenario import Scenario, validate
 
 METHOD = "proxy-v2"  # bump when what a cached curve means changes
+# The proxy trains in numeric mode on this machine's CPU, 2 x proxy_seeds runs of
+# proxy_steps steps: seconds a run at 0.13M parameters, minutes at 3.5M (gpt-small-cpu).
+# A preset past this would train for hours before the report says anything.
+PROXY_MAX_PARAMS = 10_000_000
 
 
 def n_params(model: str) -> int:
@@ -82,6 +86,10 @@ def run_proxy(scenario: Scenario, data: dict, log=None) -> list[float]:
         except (ValueError, KeyError, TypeError):
             pass  # a file cut short or not ours: run the proxy again and replace it
     proxy = proxy_scenario(data, scenario)
+    try:  # before the run, not after it: an unwritable cache fails in a second, not a run later
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UserError(f"convergence.cache_dir {root}: cannot create it ({e.strerror})") from None
     if is_baseline(proxy) and proxy.training.strategy == "ddp":
         curve = data_parallel_curve(proxy)
     else:
@@ -93,7 +101,6 @@ def run_proxy(scenario: Scenario, data: dict, log=None) -> list[float]:
         log(f"convergence proxy: {data['training']['strategy']} seed {data['seed']}, {len(curve)} steps of "
             f"{data['workload']['model']} (cached in {root})")
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps({"curve": curve, "scenario": data, "method": METHOD}, sort_keys=True))
         tmp.replace(path)
@@ -149,6 +156,10 @@ def efficiency(scenario: Scenario, log=None) -> cv.Efficiency | str:
     if is_baseline(scenario):
         return cv.Efficiency.of([1.0])
     spec, per_seed = scenario.convergence, []
+    if n_params(spec.proxy_model) > PROXY_MAX_PARAMS:
+        raise UserError(f"convergence.proxy_model: {spec.proxy_model} has {n_params(spec.proxy_model):.3g} "
+                        f"parameters; the proxy trains on the CPU, at most {PROXY_MAX_PARAMS:.0e} (gpt-proxy, "
+                        "gpt-tiny, gpt-small-cpu)")
     window = max(5, spec.proxy_steps // 30)
     for k in range(spec.proxy_seeds):
         seed = scenario.seed + k

@@ -41,7 +41,8 @@ class ConvergenceSpec(Strict):
                                          "predicted time the report gives; unset: only the curve and the "
                                          "final loss for training.steps")
     law: LawSpec = Field(default_factory=LawSpec, description="the base run's scaling law (default: Chinchilla)")
-    proxy_model: Name = Field("gpt-proxy", description="synthetic-lm preset the efficiency proxy trains")
+    proxy_model: Name = Field("gpt-proxy", description="synthetic-lm preset the efficiency proxy trains (on the CPU: "
+                              "at most 10M parameters)")
     # 200: the proxy length whose multipliers benchmarks/bench_convergence.py carries to a larger model
     proxy_steps: Int = Field(200, ge=20, le=MAX_STEPS, description="steps per proxy run")
     proxy_seq_len: Int = Field(64, ge=2, le=256, description="tokens per proxy sequence")

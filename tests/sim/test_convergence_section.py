@@ -155,8 +155,20 @@ def test_a_corrupt_cache_file_is_rerun_and_an_unwritable_cache_is_one_line(monke
     blocked.write_text("")
     s2 = load_scenario("scenarios/cpu-tiny.yaml", ["training.strategy=local_sgd", "convergence.proxy_steps=20",
                                                    f"convergence.cache_dir={blocked}/sub"])
+    ran = []
+    monkeypatch.setattr(simulate_mod, "simulate", lambda *a, **k: ran.append(1) or (fake, None))
     with pytest.raises(UserError, match="convergence.cache_dir"):
         sc_mod.run_proxy(s2, sc_mod.proxy_data(s2, 0))
+    assert ran == []  # refused before the proxy trains, not after
+
+
+def test_cli_refuses_a_proxy_too_large_for_the_cpu_in_one_line(capsys):
+    from oresearcher.errors import cli_main
+
+    args = ["scenarios/8xA100.yaml", "--target-loss", "2.6", "--set", "convergence.proxy_model=gpt-1.3b"]
+    assert cli_main(main, args) == 2
+    err = capsys.readouterr().err
+    assert "convergence.proxy_model: gpt-1.3b" in err and err.strip().count("\n") <= 1
 
 
 def test_diloco_on_the_proxy_against_the_published_figures(tmp_path):
