@@ -135,6 +135,12 @@ def multiplier(base: Sequence[float], other: Sequence[float], count: int = 16) -
     return median(ratios) if ratios else None
 
 
+# The largest model-to-proxy size ratio a multiplier has been checked across: the held-out
+# model of benchmarks/bench_convergence.py (gpt-tiny, 858,880 parameters) over the proxy
+# (gpt-proxy, 132,864). Past it the report says the multiplier is the proxy's.
+CHECKED_SIZE_RATIO = 6.5
+
+
 @dataclass(frozen=True)
 class Efficiency:
     """A strategy's multiplier: the median over seeds, with the seeds' range as its band."""

@@ -31,6 +31,19 @@ def efficiency_text(c: dict) -> str:
             f"{'s' if p['seeds'] > 1 else ''} of {p['model']} x {p['steps']} steps")
 
 
+def size_caution(c: dict) -> list[str]:
+    """Two lines when a measured multiplier comes from a proxy smaller than the model by
+    more than the held-out check covers; none otherwise."""
+    from oresearcher.models.convergence import CHECKED_SIZE_RATIO
+
+    e = c["efficiency"]
+    ratio = c["n_params"] / e["proxy"]["n_params"] if e["measured"] else 0.0
+    if ratio <= CHECKED_SIZE_RATIO:
+        return []
+    return [f"  caution: the proxy is {ratio:,.0f}x smaller than the model; the held-out check",
+            f"  covers {CHECKED_SIZE_RATIO:g}x, and there every multiplier fell with size (docs/convergence.md)"]
+
+
 def lines(c: dict) -> list[str]:
     """What the console prints about one run's convergence section (80 columns)."""
     law = c["law"]
@@ -41,6 +54,7 @@ def lines(c: dict) -> list[str]:
     f = c["final"]
     out += [f"  {formula}; N = {c['n_params']:.3g}, floor {c['floor_loss']:.3f}",
             f"  efficiency {efficiency_text(c)}",
+            *size_caution(c),
             f"  after {c['budget_steps']:,} steps ({f['tokens']:.3g} tokens, {hours(f['time_s'])}): loss "
             f"{f['loss']:.3f} [{f['loss_low']:.3f}-{f['loss_high']:.3f}]"]
     t = c.get("to_target")
@@ -99,6 +113,10 @@ def sweep_table(field: str, values: list, reports: list[dict]) -> Table:
                   f"{c['final']['loss']:.3f}")
     t.caption = ("efficiency: effective-token multiplier measured on the proxy, the range over seeds "
                  "bracketed; steps, time: to the target; final L: loss after training.steps")
+    caution = next((size_caution(r["convergence"]) for r in reports
+                    if "unavailable" not in r["convergence"] and size_caution(r["convergence"])), None)
+    if caution:
+        t.caption += "; " + " ".join(line.strip() for line in caution)
     return t
 
 

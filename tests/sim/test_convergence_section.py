@@ -206,3 +206,16 @@ def test_data_parallel_baseline_matches_the_simulated_program():
     assert len(fast) == len(slow) == 25
     assert fast[-1] < fast[0] - 0.1  # it learns: a curve that stood still would match trivially
     assert max(abs(a - b) for a, b in zip(fast, slow)) < 1e-4
+
+
+def test_a_proxy_far_smaller_than_the_model_is_cautioned_and_data_parallel_is_not():
+    from oresearcher.models.convergence import CHECKED_SIZE_RATIO
+    from oresearcher.reporting.convergence_view import size_caution
+
+    def section(n, proxy_n, measured=True):
+        return {"n_params": n, "efficiency": {"measured": measured, "proxy": {"n_params": proxy_n}}}
+
+    far = size_caution(section(1.32e9, 132_864))
+    assert len(far) == 2 and "9,935x smaller" in far[0] and f"{CHECKED_SIZE_RATIO:g}x" in far[1]
+    assert size_caution(section(CHECKED_SIZE_RATIO * 1000, 1000)) == []  # inside what the check covers
+    assert size_caution(section(1.32e9, 132_864, measured=False)) == []  # data parallel: the law, no proxy
