@@ -113,8 +113,8 @@ def sweep_table(field: str, values: list, reports: list[dict]) -> Table:
                   f"{c['final']['loss']:.3f}")
     t.caption = ("efficiency: effective-token multiplier measured on the proxy, the range over seeds "
                  "bracketed; steps, time: to the target; final L: loss after training.steps")
-    caution = next((size_caution(r["convergence"]) for r in reports
-                    if "unavailable" not in r["convergence"] and size_caution(r["convergence"])), None)
+    cautions = (size_caution(r["convergence"]) for r in reports if "unavailable" not in r["convergence"])
+    caution = next((c for c in cautions if c), None)
     if caution:
         t.caption += "; " + " ".join(line.strip() for line in caution)
     return t
