@@ -24,21 +24,11 @@ from pathlib import Path
 import torch
 
 from oresearcher.models import convergence as cv
+from oresearcher.models import n_params
 from oresearcher.errors import UserError
 from oresearcher.scenario import Scenario, validate
 
 METHOD = "proxy-v2"  # bump when what a cached curve means changes
-# The proxy trains in numeric mode on this machine's CPU, 2 x proxy_seeds runs of
-# proxy_steps steps: seconds a run at 0.13M parameters, minutes at 3.5M (gpt-small-cpu).
-# A preset past this would train for hours before the report says anything.
-PROXY_MAX_PARAMS = 10_000_000
-
-
-def n_params(model: str) -> int:
-    """Every parameter of the preset, embeddings included (the Chinchilla convention)."""
-    from oresearcher.models import build_model
-
-    return sum(p.numel() for p in build_model(model, device="meta").parameters())
 
 
 def proxy_data(scenario: Scenario, seed: int, strategy: str | None = None, codec: str | None = None) -> dict:
@@ -156,10 +146,6 @@ def efficiency(scenario: Scenario, log=None) -> cv.Efficiency | str:
     if is_baseline(scenario):
         return cv.Efficiency.of([1.0])
     spec, per_seed = scenario.convergence, []
-    if n_params(spec.proxy_model) > PROXY_MAX_PARAMS:
-        raise UserError(f"convergence.proxy_model: {spec.proxy_model} has {n_params(spec.proxy_model):.3g} "
-                        f"parameters; the proxy trains on the CPU, at most {PROXY_MAX_PARAMS:.0e} (gpt-proxy, "
-                        "gpt-tiny, gpt-small-cpu)")
     window = max(5, spec.proxy_steps // 30)
     for k in range(spec.proxy_seeds):
         seed = scenario.seed + k

@@ -294,3 +294,8 @@ def build_model(name: str, device="meta", dtype=torch.float32) -> DecoderLM:
     if name not in PRESETS:
         raise ValueError(f"unknown model {name!r}; known: {', '.join(PRESETS)}")
     return DecoderLM(PRESETS[name], device=device, dtype=dtype)
+
+
+def n_params(name: str) -> int:
+    """Every parameter of preset ``name``, embeddings included (the Chinchilla convention)."""
+    return sum(p.numel() for p in build_model(name, device="meta").parameters())

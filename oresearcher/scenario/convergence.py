@@ -16,10 +16,16 @@ from __future__ import annotations
 
 from typing import Optional
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
+from ..models import PRESETS, n_params
 from ..models.convergence import CHINCHILLA, ScalingLaw
 from .types import MAX_STEPS, Float, Int, Name, Strict
+
+# The proxy trains in numeric mode on this machine's CPU, 2 x proxy_seeds runs of
+# proxy_steps steps: seconds a run at 0.13M parameters, minutes at 3.5M (gpt-small-cpu).
+# A preset past this would train for hours before the report says anything.
+PROXY_MAX_PARAMS = 10_000_000
 
 
 class LawSpec(Strict):
@@ -50,3 +56,13 @@ class ConvergenceSpec(Strict):
     proxy_seeds: Int = Field(3, ge=1, le=10, description="proxy seeds; their spread is the band")
     cache_dir: str = Field("runs/.convergence-cache", min_length=1, max_length=500,
                            description="where proxy results are kept, keyed by their inputs")
+
+    @field_validator("proxy_model")
+    @classmethod
+    def _small_preset(cls, name):
+        if name not in PRESETS:
+            raise ValueError(f"unknown synthetic-lm preset; known: {', '.join(PRESETS)}")
+        if n_params(name) > PROXY_MAX_PARAMS:
+            raise ValueError(f"{name} has {n_params(name):.3g} parameters; the proxy trains on the CPU, at most "
+                             f"{PROXY_MAX_PARAMS:.0e} (gpt-proxy, gpt-tiny, gpt-small-cpu)")
+        return name
