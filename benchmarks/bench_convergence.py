@@ -101,7 +101,7 @@ def main(argv=None) -> int:
     lo = max(1, args.steps // 10)  # past the first steps, where every run falls alike from log V
     c, b, beta = cv.fit_data_term([s * tps for s in range(lo, args.steps + 1)], fit_run[lo - 1:])
     law = cv.ScalingLaw(c, 0.0, b, 1.0, beta, "fit to one held-out data-parallel run")
-    target = fit_run[0] - 0.75 * (fit_run[0] - fit_run[-1])  # three quarters of the fit run's drop
+    target = drop_level(fit_run, 0.75)  # three quarters of the fit run's drop
     print(f"held-out {HELD_OUT} ({sc.n_params(HELD_OUT):,} params) vs proxy gpt-proxy "
           f"({sc.n_params('gpt-proxy'):,}); {args.agents} agents, lr {args.lr:g}, interval {args.interval}, "
           f"{args.steps} steps, {tps} tokens/step")
@@ -170,14 +170,16 @@ def by_size(args, own_run, law_steps, measured: dict, log) -> None:
           "data parallel's steps over the strategy's to three quarters of each seed's data-parallel drop):")
     print(f"{'strategy':<14}" + "".join(f"{f'{model} ({k / 1e6:.2f}M)':>24}" for model, k in zip(SIZES, n))
           + f"{'trend m':>9}{'law fit':>8}{'error':>8}{'run / m':>8}{'error':>8}")
-    trends = {}
+    bases = {}  # model -> data parallel's curve per seed, shared by every strategy's row
+    for model in SIZES:
+        s = scenario("ddp", [], args, model)
+        bases[model] = [curve(s, s.seed + k, log, strategy="ddp", codec="none") for k in range(args.seeds)]
+    size_ms = {}  # label -> m at each size
     for label, strategy, extra in STRATEGIES[1:]:
         cells, ms = [], []
-        for model in SIZES:
-            s, base_s = scenario(strategy, extra, args, model), scenario("ddp", [], args, model)
-            seeds = [s.seed + k for k in range(args.seeds)]
-            base = [curve(base_s, sd, log, strategy="ddp", codec="none") for sd in seeds]
-            mine = [curve(s, sd, log) for sd in seeds]
+        for model, base in bases.items():
+            s = scenario(strategy, extra, args, model)
+            mine = [curve(s, s.seed + k, log) for k in range(args.seeds)]
             m = median(x for x in (cv.multiplier(b, y) for b, y in zip(base, mine)) if x)
             at = median(ratio_at(b, y, 0.75) for b, y in zip(base, mine))
             ms.append(m)
@@ -188,21 +190,25 @@ def by_size(args, own_run, law_steps, measured: dict, log) -> None:
         errors = [f"{x / mid - 1:+.1%}" if mid and math.isfinite(mid) else "-" for x in (by_fit, by_run)]
         print(f"{label:<14}" + "".join(f"{c:>24}" for c in cells)
               + f"{trend:>9.2f}{by_fit:>8}{errors[0]:>8}{by_run:>8}{errors[1]:>8}")
-        trends[label] = ms
+        size_ms[label] = ms
     print(f"trend m: the line in (ln N, ln m) through {SIZES[0]} and {SIZES[1]}, read at {SIZES[2]}; law fit and "
           f"run / m as above with trend m in place of the proxy's; error: against the measured median above")
-    h10, h50 = trends["diloco H=10"], trends["diloco H=50"]
+    h10, h50 = size_ms["diloco H=10"], size_ms["diloco H=50"]
     print(f"published (2503.09799, 35M-2.4B parameters): DiLoCo scales better than data parallel with model size; "
           f"here its m {'falls' if h10[2] < h10[0] and h50[2] < h50[0] else 'does not fall'} with N "
           f"(H=10 {h10[0]:.2f} -> {h10[2]:.2f}, H=50 {h50[0]:.2f} -> {h50[2]:.2f})")
 
 
+def drop_level(curve, fraction: float) -> float:
+    """The loss ``fraction`` of the way down ``curve``'s drop, first value to last."""
+    return curve[0] - fraction * (curve[0] - curve[-1])
+
+
 def ratio_at(base, other, fraction: float) -> float:
     """Data parallel's steps over the strategy's to ``fraction`` of data parallel's drop
     (nan where either curve does not get there)."""
-    level = base[0] - fraction * (base[0] - base[-1])
-    a, b = cv.first_at_or_below(base, level), cv.first_at_or_below(other, level)
-    return a / b if a and b else math.nan
+    r = cv.step_ratio(base, other, drop_level(base, fraction))
+    return math.nan if r is None else r
 
 
 def published(proxy_m: dict) -> None:

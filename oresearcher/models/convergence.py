@@ -117,14 +117,16 @@ def levels(base: Sequence[float], other: Sequence[float], count: int = 16, skip:
     return [hi - (hi - lo) * k / (count - 1) for k in range(count)]
 
 
+def step_ratio(base: Sequence[float], other: Sequence[float], level: float) -> float | None:
+    """steps(base) / steps(other) to ``level``; None where either curve never gets there."""
+    sb, so = first_at_or_below(base, level), first_at_or_below(other, level)
+    return sb / so if sb is not None and so is not None else None
+
+
 def level_ratios(base: Sequence[float], other: Sequence[float], count: int = 16) -> list[tuple[float, float]]:
     """(level, steps(base) / steps(other)) at each of :func:`levels` both curves reach."""
-    out = []
-    for level in levels(base, other, count):
-        sb, so = first_at_or_below(base, level), first_at_or_below(other, level)
-        if sb is not None and so is not None:
-            out.append((level, sb / so))
-    return out
+    ratios = ((level, step_ratio(base, other, level)) for level in levels(base, other, count))
+    return [(level, r) for level, r in ratios if r is not None]
 
 
 def multiplier(base: Sequence[float], other: Sequence[float], count: int = 16) -> float | None:
