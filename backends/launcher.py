@@ -165,7 +165,7 @@ class Caught:
 
 @contextlib.contextmanager
 def signals_raise():
-    """Within the block, SIGINT, SIGTERM and SIGHUP (the terminal closed, an ssh session
+    """Within the block, SIGINT, SIGTERM and SIGHUP (the terminal closed, an ssh connection
     dropped) raise :class:`Signalled` (once: a second signal while the ranks are being
     stopped is ignored); yields what was caught."""
     caught = Caught()
@@ -188,8 +188,8 @@ def signals_raise():
 def _die_with_parent(parent: int):
     """preexec_fn: the rank gets SIGTERM when the launcher dies, even by SIGKILL (Linux
     prctl PR_SET_PDEATHSIG), instead of living on against a store that is gone. Ranks run
-    in their own session, so a Ctrl-C in the terminal reaches only the launcher, which
-    stops them in order."""
+    in their own process group (setsid), so a Ctrl-C in the terminal reaches only the
+    launcher, which stops them in order."""
     if not sys.platform.startswith("linux"):
         return None
 

@@ -14,13 +14,13 @@ import tempfile
 import textwrap
 from pathlib import Path
 
-from readme_run import ROOT, Block, _report, fence, run, session  # noqa: F401 (Block: readme_figures)
+from readme_run import ROOT, Block, _report, fence, run, transcript  # noqa: F401 (Block: readme_figures)
 from readme_blocks_collectives import collective_bench, collective_errors, nic_4_vs_8  # the collective model's blocks
 
 
 # ---- the generators ---------------------------------------------------------------------
 def sim_8xa100() -> str:
-    return session("python -m oresearcher.sim scenarios/8xA100.yaml")
+    return transcript("python -m oresearcher.sim scenarios/8xA100.yaml")
 
 
 def sim_8xa100_text() -> str:
@@ -203,11 +203,11 @@ def budget_quality(task: str) -> str:
 
 
 def faults_checkpoint() -> str:
-    return session("python benchmarks/bench_faults.py", columns=88)
+    return transcript("python benchmarks/bench_faults.py", columns=88)
 
 
 def fsdp_published() -> str:
-    return session("python benchmarks/bench_fsdp_published.py", columns=200)
+    return transcript("python benchmarks/bench_fsdp_published.py", columns=200)
 
 
 def sim_finance() -> str:

@@ -48,8 +48,8 @@ def fence(text: str) -> str:
     return f"```\n{text.strip(chr(10))}\n```\n"
 
 
-def session(*commands: str, **kw) -> str:
-    """A terminal session: ``$ command`` then what it printed, for each command."""
+def transcript(*commands: str, **kw) -> str:
+    """A terminal transcript: ``$ command`` then what it printed, for each command."""
     return fence("\n".join(f"$ {c}\n{run(c, **kw)}" for c in commands))
 
 
