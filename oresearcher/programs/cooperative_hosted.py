@@ -37,13 +37,14 @@ import gc
 import math
 import statistics
 import time
+from dataclasses import dataclass
 
 import torch
 
 from ..cooperation.scheduler import Scheduler, hosted, keep_stepping, slice_cap
 from ..errors import UserError
 from ..ops import AllGather, Compute, StepDone, Swap
-from .cooperative_round import round_lengths
+from .cooperative_exchange import round_lengths
 
 
 class SliceClock:
@@ -179,100 +180,151 @@ def unsupported(sc) -> list[str]:
 
 
 def hosted_program(ctx, learner):
-    sc, cfg = ctx.scenario, ctx.scenario.cooperation.allocation
-    off = unsupported(sc)
+    """The hosted round (see the module doc): k agents per rank, device time by shares."""
+    off = unsupported(ctx.scenario)
     if off:
         raise UserError(f"cooperation.allocation.agents_per_device > 1 does not run {', '.join(off)} yet: "
                         "turn them off or host one agent per rank")
     if ctx.start_step:
         raise UserError("cooperation.allocation.agents_per_device > 1 cannot resume yet: start the run again")
-    m, k = ctx.world_size, cfg.agents_per_device
-    n = m * k
-    mine = hosted(ctx.rank, n, m)
-    agents = [_agent_learner(ctx, learner, a, j) for j, a in enumerate(mine)]
-    sched = ctx.register("scheduler", Scheduler(n, m, cfg.temperature, cfg.floor, cfg.enabled))
-    rounds = round_lengths(ctx.steps, sc.communication.interval)
-    costs = [1] * n
-    nbytes = state_bytes(learner, sc.workload.optimizer)
-    clock = SliceClock(ctx)
-    real = ctx.mode == "real"  # the simulator runs every rank's program in one process
-    plan = sched.plan([float("nan")] * n, k * rounds[0], costs)
-    saved = [None] * k
-    numeric = ctx.numeric
-    for rnd in range(len(rounds)):
-        losses, used, steady, wall, ran = [0.0] * k, [0.0] * k, [0.0] * k, [0.0] * k, [0] * k
-        for j in [(rnd + i) % k for i in range(k)]:  # who runs first rotates: the first slice
-            a, L = mine[j], agents[j]  # after the round's exchange runs on a cold cache
-            yield Swap(move_in, (L, saved[j]), nbytes=nbytes, name="swap_in")
-            ls = []
-            held = real and gc.isenabled()
+    return (yield from HostedRound(ctx, learner).run())
+
+
+@dataclass
+class Slices:
+    """One rank's round, per hosted agent: mean training loss, device seconds, median step x
+    steps, wall seconds, steps run."""
+
+    losses: list
+    used: list
+    steady: list
+    wall: list
+    ran: list
+
+
+class HostedRound:
+    """This rank's k hosted agents and the scheduler that shares the device among them."""
+
+    def __init__(self, ctx, learner):
+        sc, cfg = ctx.scenario, ctx.scenario.cooperation.allocation
+        self.ctx, self.m, self.k = ctx, ctx.world_size, cfg.agents_per_device
+        self.n = self.m * self.k
+        self.mine = hosted(ctx.rank, self.n, self.m)
+        self.agents = [_agent_learner(ctx, learner, a, j) for j, a in enumerate(self.mine)]
+        self.sched = ctx.register("scheduler", Scheduler(self.n, self.m, cfg.temperature, cfg.floor, cfg.enabled))
+        self.rounds = round_lengths(ctx.steps, sc.communication.interval)
+        self.costs = [1] * self.n
+        self.nbytes = state_bytes(learner, sc.workload.optimizer)
+        self.clock = SliceClock(ctx)
+        self.real = ctx.mode == "real"  # the simulator runs every rank's program in one process
+        self.saved = [None] * self.k
+
+    def run(self):
+        plan = self.sched.plan([float("nan")] * self.n, self.k * self.rounds[0], self.costs)
+        for rnd in range(len(self.rounds)):
+            sl = Slices(*([0.0] * self.k for _ in range(4)), [0] * self.k)
+            for j in [(rnd + i) % self.k for i in range(self.k)]:  # who runs first rotates: the first slice
+                yield from self.run_slice(j, plan, sl)  # after the round's exchange runs on a cold cache
+            if self.real and rnd == 0:  # imports and models are in place: keep them out of later scans
+                gc.collect()
+                gc.freeze()
+            metrics, rewards = yield from self.exchange(rnd, plan, sl)
+            if rnd + 1 < len(self.rounds):
+                plan = self.sched.plan(rewards, self.k * self.rounds[rnd + 1], self.costs)
+            yield StepDone(sum(self.rounds[:rnd + 1]) - 1, metrics)
+        if self.real:
+            gc.unfreeze()
+        return None
+
+    def run_slice(self, j: int, plan, sl: Slices):
+        """Hosted agent ``j``'s slice: swapped in, its steps (metered once the plan is in
+        seconds), swapped out; its figures go into ``sl``."""
+        a, L, clock = self.mine[j], self.agents[j], self.clock
+        yield Swap(move_in, (L, self.saved[j]), nbytes=self.nbytes, name="swap_in")
+        ls = []
+        held = self.real and gc.isenabled()
+        if held:
+            gc.disable()
+        try:
+            clock.start()
+            metered = plan.metered and clock.live
+            cap = slice_cap(plan.steps[a]) if metered else plan.steps[a]
+            while (keep_stepping(clock.spent(), len(ls), plan.budget_s[a], plan.step_s[a], cap) if metered
+                   else len(ls) < cap):
+                met = yield Compute(L.forward_backward, flops=L.fwd_flops + L.bwd_flops, name="fwd_bwd")
+                yield Compute(L.optimizer_step, name="optimizer")
+                clock.lap()
+                ls.append(float((met or {}).get("loss", float("nan"))))
+            times, sl.wall[j] = clock.stop()
+            sl.ran[j] = len(ls)
+        finally:
             if held:
-                gc.disable()
-            try:
-                clock.start()
-                metered = plan.metered and clock.live
-                cap = slice_cap(plan.steps[a]) if metered else plan.steps[a]
-                while (keep_stepping(clock.spent(), len(ls), plan.budget_s[a], plan.step_s[a], cap) if metered
-                       else len(ls) < cap):
-                    met = yield Compute(L.forward_backward, flops=L.fwd_flops + L.bwd_flops, name="fwd_bwd")
-                    yield Compute(L.optimizer_step, name="optimizer")
-                    clock.lap()
-                    ls.append(float((met or {}).get("loss", float("nan"))))
-                times, wall[j] = clock.stop()
-                ran[j] = len(ls)
-            finally:
-                if held:
-                    gc.enable()
-            used[j] = sum(times)
-            steady[j] = statistics.median(times) * len(times) if times else 0.0
-            saved[j] = yield Swap(move_out if numeric else None, (L,) if numeric else (), nbytes=nbytes,
-                                  name="swap_out")
-            losses[j] = sum(ls) / len(ls) if ls else float("nan")
-        if real and rnd == 0:  # imports and models are in place: keep them out of later scans
-            gc.collect()
-            gc.freeze()
-        stats = torch.tensor([[x, u, r] for x, u, r in zip(losses, used, ran)], dtype=torch.float64)
-        payload = yield Compute(pack_round, agents, stats, name="pack")
+                gc.enable()
+        sl.used[j] = sum(times)
+        sl.steady[j] = statistics.median(times) * len(times) if times else 0.0
+        numeric = self.ctx.numeric
+        self.saved[j] = yield Swap(move_out if numeric else None, (L,) if numeric else (), nbytes=self.nbytes,
+                                   name="swap_out")
+        sl.losses[j] = sum(ls) / len(ls) if ls else float("nan")
+
+    def exchange(self, rnd: int, plan, sl: Slices):
+        """One AllGather of parameters and figures; every rank fuses the same way and settles
+        the same seconds. Returns (the round's metrics, the allocation's rewards)."""
+        n = self.n
+        stats = torch.tensor([[x, u, r] for x, u, r in zip(sl.losses, sl.used, sl.ran)], dtype=torch.float64)
+        payload = yield Compute(pack_round, self.agents, stats, name="pack")
         got = yield AllGather(payload, name="round_gather")
         metrics = {"round": rnd}
         target, secs = plan.target, None  # units; seconds once the scheduler meters (numeric: figures travel)
         steps_run = list(plan.steps)  # shape mode: no figures travel, and its slices are not metered
-        if numeric:
-            every, rows = unpack_round(got, k)  # [n, numel], [n, 3], agent order
+        rewards = [0.0] * n
+        if self.ctx.numeric:
+            every, rows = unpack_round(got, self.k)  # [n, numel], [n, 3], agent order
             steps_run = [int(x) for x in rows[:, 2].tolist()]
-            secs = sched.settle(rows[:, 1].tolist(), [steps_run[a] * costs[a] for a in range(n)])
+            secs = self.sched.settle(rows[:, 1].tolist(), [steps_run[a] * self.costs[a] for a in range(n)])
             target = plan.target if secs is None else secs
-            loss = rows[:, 0]
-            rewards = [1.0 / (1.0 + float(x)) if math.isfinite(float(x)) else float("nan") for x in loss]
-            ok = torch.isfinite(every).all(1) & torch.isfinite(loss)
-            if bool(ok.any()):
-                fused = every[ok].mean(0)
-                for L in agents:
-                    yield Compute(L.set_flat_params, fused.to(getattr(L, "dtype", fused.dtype)),
-                                  flops=2.0 * n * L.numel, name="fusion")
-            for i, a in enumerate(mine):
-                metrics[f"device_s.{a}"] = float(used[i])
-                metrics[f"wall_s.{a}"] = float(wall[i])
-                metrics[f"steady_s.{a}"] = float(steady[i])  # median step x steps: a neighbour's stall left out
-            metrics.update({f"loss.{a}": float(loss[a]) for a in range(n)})
-            if secs is not None:  # the deficit round robin's books after this round (seconds)
-                metrics.update({f"credit.{a}": float(sched.credit[a]) for a in range(n)})
-                metrics.update({f"dropped.{a}": float(sched.dropped[a]) for a in range(n)})
-        else:
-            rewards = [0.0] * n
+            rewards = yield from self.fuse(every, rows[:, 0])
+            metrics.update(self.books(sl, rows[:, 0], secs))
+        metrics.update(self.plan_metrics(plan, steps_run, target, secs))
+        return metrics, rewards
+
+    def fuse(self, every, loss):
+        """The healthy agents' plain average, set in every hosted agent; the allocation's
+        rewards (1 / (1 + loss): one fixed weighting for every round)."""
+        rewards = [1.0 / (1.0 + float(x)) if math.isfinite(float(x)) else float("nan") for x in loss]
+        ok = torch.isfinite(every).all(1) & torch.isfinite(loss)
+        if bool(ok.any()):
+            fused = every[ok].mean(0)
+            for L in self.agents:
+                yield Compute(L.set_flat_params, fused.to(getattr(L, "dtype", fused.dtype)),
+                              flops=2.0 * self.n * L.numel, name="fusion")
+        return rewards
+
+    def books(self, sl: Slices, loss, secs) -> dict:
+        """Per agent: device, wall and steady seconds of this rank's slices, every agent's
+        loss, and the deficit round robin's books once it plans in seconds."""
+        out, n = {}, self.n
+        for i, a in enumerate(self.mine):
+            out[f"device_s.{a}"] = float(sl.used[i])
+            out[f"wall_s.{a}"] = float(sl.wall[i])
+            out[f"steady_s.{a}"] = float(sl.steady[i])  # median step x steps: a neighbour's stall left out
+        out.update({f"loss.{a}": float(loss[a]) for a in range(n)})
+        if secs is not None:  # the deficit round robin's books after this round (seconds)
+            out.update({f"credit.{a}": float(self.sched.credit[a]) for a in range(n)})
+            out.update({f"dropped.{a}": float(self.sched.dropped[a]) for a in range(n)})
+        return out
+
+    def plan_metrics(self, plan, steps_run, target, secs) -> dict:
+        """Per agent: its share, the units it ran (a metered slice decides) and its target."""
+        out, n, costs = {}, self.n, self.costs
         for a in range(n):
-            metrics[f"share.{a}"] = float(plan.shares[a])
-            metrics[f"units.{a}"] = float(steps_run[a] * costs[a])  # what ran (a metered slice decides)
-            metrics[f"target.{a}"] = float(target[a])
-        metrics["round_units"] = float(max(sum(steps_run[a] * costs[a] for a in hosted(d, n, m))
-                                           for d in range(m)))  # the busiest device's units, as run
-        metrics["target_in_seconds"] = float(secs is not None)
-        if rnd + 1 < len(rounds):
-            plan = sched.plan(rewards, k * rounds[rnd + 1], costs)
-        yield StepDone(sum(rounds[:rnd + 1]) - 1, metrics)
-    if real:
-        gc.unfreeze()
-    return None
+            out[f"share.{a}"] = float(plan.shares[a])
+            out[f"units.{a}"] = float(steps_run[a] * costs[a])
+            out[f"target.{a}"] = float(target[a])
+        out["round_units"] = float(max(sum(steps_run[a] * costs[a] for a in hosted(d, n, self.m))
+                                       for d in range(self.m)))  # the busiest device's units, as run
+        out["target_in_seconds"] = float(secs is not None)
+        return out
 
 
 def device_time_vs_shares(report: dict, skip_rounds: int = 1, burst: float | None = None, key: str = "device_s"):

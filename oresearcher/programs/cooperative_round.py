@@ -1,247 +1,270 @@
-"""The cooperative program's round: the state it keeps, who is in which architecture
-group, how a round's steps are laid out, and the round-end exchange (parameters gathered,
-validators' scores gathered, rewards). :mod:`oresearcher.programs.cooperative` drives it."""
+"""The cooperative round as one object: a pipeline of mechanisms, one hook each.
+
+:class:`Round` holds one agent's mechanisms and runs its rounds; what a round does is
+read top to bottom in :meth:`Round.run_round`, :meth:`Round.local_steps` and
+:meth:`Round.end`::
+
+    begin         roles (lr, knobs) . rewards (peer term) . replay (Ape-X eps) . sharing (plan)
+    local steps   gradient   privacy (DP-SGD) | roles (SAM) | plain
+                  guard      training.on_divergence: stop
+                  share      gradient sharing (codec; overhead control picks steps, codec)
+                  after_step replay (pool sync) . roles (SWA)
+    end           before_gather roles (SWA average in)
+                  exchange   parameters and validators' scores gathered
+                  score      rewards (scheduled weights, peers' snapshot)
+                  fuse       fusion (attention weights) . roles decide (PBT, switches)
+                             . fusion (fuse, outer Nesterov) . roles (explorer noise, exploit)
+                  ensemble   the outputs' ensemble refitted
+                  allocate   allocation (next round's steps)
+    after_round   overhead control (gather timings, decide) . privacy (epsilon)
+    final         the last round: agents scored for distillation (programs/distill.py)
+
+A mechanism the scenario turns off is not built (its attribute is None) and its hooks
+are skipped; a swapped one (fusion.method, roles.policy, allocation.enabled) is the same
+object with another setting. :data:`MECHANISMS` names each mechanism's module, hooks
+and switches: the ablation (:mod:`oresearcher.experiments.ablation`) turns mechanisms
+off and on through those switches only, never by another code path.
+"""
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import dataclass, field
 
 import torch
 
-from ..cooperation import ensemble as E
+from . import divergence as D
+from .cooperative_exchange import LoopState, arch_group, arch_ids, gather_params, round_lengths, round_rewards, validate
+from .cooperative_group import Allocation, Ensemble, Fusion, Rewards, Roles, all_excluded, arch_numel, current_lr
+from .cooperative_local import GradientSharing, Privacy, Replay
 from ..cooperation import roles as R
-from ..cooperation import validation as V
-from ..cooperation.fusion import HeterogeneousEnsemble
-from ..tasks.rewards import reward, tv_novelty
-from ..seeds import RANK, SMALL, STREAM, derive
-from ..ops import AllGather, AllReduce, Compute, Recv, Send
-from .data_parallel import reduce_buckets
+from ..ops import Compute, StepDone
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("oresearcher.programs.cooperative")
 
 
-@dataclass
-class GroupState:
-    """What every rank knows about the whole group; identical on every rank."""
+@dataclass(frozen=True)
+class Mechanism:
+    """One mechanism of the round: where its math lives, the hooks it acts in, and the
+    scenario fields that switch it (turn it off, or swap it for its plain counterpart)."""
 
-    roles: list
-    lr_mult: list
-    val_losses: list = field(default_factory=list)  # best healthy val loss per round
-    rewards: list = field(default_factory=list)  # per round, one per agent
-    round: int = 0
-    knob_mult: list = None  # per agent, multiplies its role's own knob (explorer_noise, sam_rho)
-
-    def __post_init__(self):
-        if self.knob_mult is None:
-            self.knob_mult = [1.0] * len(self.roles)
-
-    def state_dict(self) -> dict:
-        return {"roles": list(self.roles), "lr_mult": list(self.lr_mult), "knob_mult": list(self.knob_mult),
-                "val_losses": list(self.val_losses), "rewards": [list(r) for r in self.rewards], "round": self.round}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.roles, self.lr_mult = list(state["roles"]), list(state["lr_mult"])
-        self.knob_mult = list(state.get("knob_mult", [1.0] * len(self.roles)))  # older checkpoints: none
-        self.val_losses, self.rewards = list(state["val_losses"]), [list(r) for r in state["rewards"]]
-        self.round = int(state["round"])
+    name: str
+    module: str
+    hooks: tuple
+    switches: tuple = field(default_factory=tuple)
 
 
-@dataclass
-class LoopState:
-    """Where this agent stands at a round boundary: the next round, its own StepDone
-    counter (agents take different numbers of steps) and the next round's planned steps."""
-
-    round: int = 0
-    step: int = 0
-    steps_now: list = field(default_factory=list)
-
-    def state_dict(self) -> dict:
-        return {"round": self.round, "step": self.step, "steps_now": list(self.steps_now)}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.round, self.step = int(state["round"]), int(state["step"])
-        self.steps_now = [int(x) for x in state["steps_now"]]
-
-
-def arch_ids(scenario) -> list:
-    archs = scenario.agents.architectures
-    return list(archs) if archs else [scenario.workload.model] * scenario.world_size
+MECHANISMS = (
+    Mechanism("roles", "oresearcher.cooperation.roles",
+              ("begin", "gradient", "after_step", "before_gather", "decide", "perturb", "exploit"),
+              ("cooperation.roles",)),
+    Mechanism("gradient sharing", "oresearcher.programs.cooperative_local", ("begin", "share"),
+              ("communication.gradient_sharing", "communication.share_every", "communication.codec")),
+    Mechanism("privacy", "oresearcher.cooperation.privacy", ("gradient", "after_round"), ("cooperation.privacy",)),
+    Mechanism("fusion", "oresearcher.cooperation.fusion", ("start", "fuse"), ("cooperation.fusion",)),
+    Mechanism("replay", "oresearcher.cooperation.replay_sharing", ("begin", "after_step"), ("cooperation.replay",)),
+    Mechanism("rewards", "oresearcher.tasks.rewards", ("begin", "score"),
+              ("cooperation.rewards", "agents.reward_weights")),
+    Mechanism("allocation", "oresearcher.cooperation.allocation", ("allocate",), ("cooperation.allocation",)),
+    Mechanism("overhead control", "oresearcher.cooperation.budget_round", ("begin", "share", "after_round"),
+              ("communication.budget",)),
+    Mechanism("ensemble", "oresearcher.cooperation.ensemble", ("ensemble",), ("cooperation.ensemble",)),
+    Mechanism("distillation", "oresearcher.cooperation.distill", ("final",), ("distill",)),
+)
 
 
-def arch_group(ids: list, rank: int):
-    """Ranks sharing rank's architecture; None (the world) when everyone does."""
-    members = tuple(i for i, a in enumerate(ids) if a == ids[rank])
-    return None if len(members) == len(ids) else members
+class Round:
+    """One agent's cooperative rounds (see the module doc for the pipeline)."""
 
+    def __init__(self, ctx, learner):
+        sc, cfg = ctx.scenario, ctx.scenario.cooperation
+        self.ctx, self.learner, self.sc, self.rank, self.n = ctx, learner, sc, ctx.rank, ctx.world_size
+        self.ids = arch_ids(sc)
+        self.share_group = arch_group(self.ids, self.rank)  # None: the world
+        self.members = self.share_group or tuple(range(self.n))
+        self.pad_to = max(arch_numel(learner, a) for a in self.ids)
+        self.rounds = round_lengths(ctx.steps, sc.communication.interval)
+        # the mechanisms; None where the scenario turns one off
+        self.roles = Roles(ctx, learner)
+        self.allocation = Allocation(ctx, self.roles)
+        self.fusion = Fusion(ctx, learner, self.ids)
+        self.rewards = Rewards(ctx, learner)
+        self.privacy = Privacy(ctx, learner) if cfg.privacy.enabled else None
+        self.replay = Replay(ctx, learner) if cfg.replay.enabled else None
+        self.loop = ctx.register("loop", LoopState())
+        self.sharing = GradientSharing(ctx, self.share_group, self.members, self.roles.costs)
+        train_ensemble = cfg.ensemble.train and ctx.numeric and hasattr(learner, "heldout_labels")
+        self.ensemble = Ensemble(ctx, learner) if train_ensemble else None
+        self.val_budget = None  # this round's validation budget (roles.validation_share)
 
-def round_lengths(steps: int, interval: int) -> list[int]:
-    """Base steps of each round: ``interval`` each, the last takes the remainder."""
-    full, rest = divmod(steps, interval)
-    return [interval] * full + ([rest] if rest else [])
+    # ---- the run ---------------------------------------------------------------------
 
+    def run(self):
+        """Every round from the restored position on (generator of ops); the final agents."""
+        if "loop" in self.ctx.restored:
+            self._resumed()
+        else:
+            if self.ctx.start_step:
+                log.warning("no saved cooperative state to resume from: starting again from round 0")
+            self.loop.steps_now = self.allocation.first(self.n * self.rounds[0])
+        yield from self.fusion.start()
+        step = self.loop.step
+        for rnd in range(self.loop.round, len(self.rounds)):
+            step = yield from self.run_round(rnd, step)
+        return getattr(self.learner, "cooperative_result", None)
 
-def step_cost(role: str, method: str) -> int:
-    """Compute units of one local step: a SAM step is two forward-backward passes."""
-    return 2 if role == "optimizer" and method == "sam" else 1
+    def _resumed(self) -> None:
+        """Check a restored position against the backend's; re-apply what lives in the learner."""
+        loop, rounds = self.loop, self.rounds
+        if self.ctx.start_step != sum(rounds[:loop.round]):
+            log.warning("resuming at round %d (nominal step %d), but the backend resumes at step %d",
+                        loop.round, sum(rounds[:loop.round]), self.ctx.start_step)
+        if loop.round and hasattr(self.learner, "set_reward_weights"):  # as the last round's end set them
+            self.rewards.weights(loop.round / len(rounds))
 
+    def run_round(self, rnd: int, step: int):
+        """One round; its StepDone marks the resume boundary. Returns the next StepDone's step."""
+        self.roles.group.round = rnd
+        steps_now, last = self.loop.steps_now, rnd == len(self.rounds) - 1
+        self.begin(rnd)
+        losses, metrics, step = yield from self.local_steps(rnd, step)
+        self.sharing.local_done()
+        self.val_budget = self.roles.validation_budget(steps_now, rnd)
+        info, steps_next = yield from self.end(rnd, losses)
+        metrics.update(info)
+        metrics.update((yield from self.sharing.after_round(rnd, max(1, steps_now[self.rank]), last)))
+        if self.privacy is not None:
+            metrics.update(self.privacy.metrics())
+        if last:
+            metrics.update((yield from self.final(losses)))
+        elif self.ctx.eval_interval > 0 and self.ctx.numeric:
+            metrics.update((yield Compute(self.learner.evaluate, name="evaluate")))
+        self.loop.round, self.loop.step, self.loop.steps_now = rnd + 1, step + 1, list(steps_next)
+        self.ctx.mark_boundary(sum(self.rounds[:rnd + 1]) - 1)
+        yield StepDone(step, metrics)
+        return step + 1
 
-def initial_lr_mult(seed: int, n: int, lr_range, knob_range=(1.0, 1.0)) -> tuple[list[float], list[float]]:
-    """PBT's initial population: per-agent (lr multipliers, role-knob multipliers), each
-    log-uniform over its range, one per stratum (:func:`oresearcher.cooperation.roles.log_uniform_strata`), seeded."""
-    g = torch.Generator().manual_seed(derive(seed, 17, prime=SMALL))
-    return R.log_uniform_strata(n, *lr_range, g), R.log_uniform_strata(n, *knob_range, g)
+    # ---- the hooks, in a round's order ---------------------------------------------
 
+    def begin(self, rnd: int) -> None:
+        """Before the local steps: each mechanism sets up the round."""
+        self.roles.begin()
+        self.rewards.begin(rnd / len(self.rounds))  # the progress the last round ended at
+        if self.replay is not None:
+            self.replay.begin(self.loop.steps_now, self.roles.group.roles)
+        self.sharing.begin(self.loop.steps_now, self.members)
 
-def _gen(seed: int, rnd: int, agent: int) -> torch.Generator:
-    return torch.Generator().manual_seed(derive(seed, rnd, agent, prime=(STREAM, RANK)))
+    def local_steps(self, rnd: int, step: int):
+        """This agent's share of the round's compute, in local steps (>= 1, so every round
+        ends on a StepDone); every step but the last ends on its own StepDone."""
+        my_steps = max(1, self.loop.steps_now[self.rank])
+        losses, metrics = [], {}
+        for s in range(my_steps):
+            metrics = yield from self.train_step(s, step)
+            losses.append(metrics.get("loss", float("nan")))
+            if self.replay is not None:
+                yield from self.replay.after_step(s)
+            yield from self.roles.after_step()
+            metrics.update(role=R.ROLE_CODES[self.roles.role], lr=current_lr(self.learner), round=rnd)
+            if s < my_steps - 1:
+                yield StepDone(step, metrics)
+                step += 1
+        return losses, metrics, step
 
+    def train_step(self, s: int, step: int):
+        """One local step: the gradient, the divergence guard, the share or the plain update."""
+        ctx, learner = self.ctx, self.learner
+        share, codec = self.sharing.plan_step(s)
+        metrics = yield self.gradient_op()
+        if D.policy(ctx.scenario) == "stop" and ctx.numeric:
+            what = yield Compute(lambda: D.find((metrics or {}).get("loss"), D.learner_grads(learner)),
+                                 name="finite_check")
+            if what:
+                raise D.Diverged(D.diverged_message(ctx.rank, step, what, ctx.scenario.training.lr))
+        if share:
+            reduced = yield from self.sharing.exchange(learner, codec)
+            yield Compute(learner.apply_grads, reduced, name="optimizer")
+        else:
+            yield Compute(learner.optimizer_step, name="optimizer")
+        return dict(metrics or {})
 
-def gather_params(ctx, learner, pad_to: int):
-    """AllGather of every agent's flat parameters, zero-padded to ``pad_to``."""
-    flat = yield Compute(learner.flat_params, name="pack")
-    if flat.numel() < pad_to:
-        flat = torch.cat([flat.reshape(-1), torch.zeros(pad_to - flat.numel(), dtype=flat.dtype, device=flat.device)])
-    return (yield AllGather(flat, name="param_gather"))
+    def gradient_op(self) -> Compute:
+        """The step's forward-backward: the first mechanism that claims it (privacy, then
+        roles' SAM), else the plain one."""
+        flops = self.learner.fwd_flops + self.learner.bwd_flops
+        for m in (self.privacy, self.roles):
+            op = m.gradient_op(flops) if m is not None else None
+            if op is not None:
+                return op
+        return Compute(self.learner.forward_backward, flops=flops, name="fwd_bwd")
 
+    def exchange(self, losses):
+        """Every agent's parameters and the validators' scores, gathered: (flats, Published
+        or None in shape mode, numeric)."""
+        flats = yield from gather_params(self.ctx, self.learner, self.pad_to)
+        numeric = self.ctx.numeric and flats[0].device.type != "meta"
+        train_loss = float(torch.tensor(losses).nanmean()) if losses else float("nan")
+        pub = yield from validate(self.ctx, self.learner, flats, self.ids, self.roles.group.roles, train_loss,
+                                  numeric, self.val_budget)
+        return flats, pub, numeric
 
-def novelty(probs: list, ens=None) -> list[float]:
-    """Each agent's TV distance to the attention ensemble of the others: the trained one
-    (oresearcher.cooperation.ensemble) once it has been fitted, else the plain mean (oresearcher.cooperation.fusion)."""
-    n = len(probs)
-    if n < 2:
-        return [0.0] * n
-    if ens is not None and ens.fits:
-        return E.loo_novelty(ens, probs)
-    width = max(p.shape[-1] for p in probs)
-    out = []
-    # fork_rng: building the ensemble draws initial weights (then overwritten); keep that
-    # off the global generator so tasks that use it see the same stream on every backend
-    with torch.no_grad(), torch.random.fork_rng(devices=[]):
-        for j in range(n):
-            others = [probs[k] for k in range(n) if k != j]
-            ens = HeterogeneousEnsemble([p.shape[-1] for p in others], width)(others)
-            out.append(float(tv_novelty(torch.nn.functional.pad(probs[j], (0, width - probs[j].shape[-1])), ens)))
-    return out
+    def end(self, rnd: int, losses):
+        """Gather, validate, score, decide, fuse, allocate: (this round's metrics, the next
+        round's steps). Every rank computes the same decisions from the same numbers."""
+        units = self.n * self.rounds[rnd + 1] if rnd + 1 < len(self.rounds) else 0
+        yield from self.roles.before_gather()
+        flats, pub, numeric = yield from self.exchange(losses)
+        weights = self.rewards.weights((rnd + 1) / len(self.rounds))
+        if not numeric:  # shape mode: charge the fusion arithmetic, keep roles and shares
+            yield from self.fusion.charge()
+            return {}, self.allocation.plan_shape(units)
+        if bool(pub.excluded.all()):
+            raise all_excluded(self.ctx, rnd)
+        rel, rew = round_rewards(pub, weights)
+        yield from self.rewards.share_peers(flats, pub, self.ids)
+        self.roles.record(pub, rew)
+        info, W, pairs = yield from self.fuse(flats, pub, rel, rew)
+        if self.ensemble is not None:
+            info.update((yield from self.ensemble.fit(flats, self.ids, pub.excluded, self.roles.group.roles)))
+        steps, shares = self.allocation.plan(self.rewards.for_allocation(pub), units, pairs)
+        me, r = self.fusion.me, self.rank
+        info.update(reward=float(rew[r]), reliability=float(rel[r]), excluded=float(pub.excluded[r]),
+                    fusion_self_weight=float(W[me, me]), share=float(shares[r]), next_steps=float(steps[r]),
+                    w_novelty=weights[1], validators=float(pub.validators))
+        if pub.columns:
+            info.update({k: float(pub.columns[c][r]) for k, c in
+                         (("val_loss", "loss"), ("novelty", "novelty"), ("safety", "safety"),
+                          ("calibration", "calibration"))})
+        return info, steps
 
+    def fuse(self, flats, pub, rel, rew):
+        """Fusion weights, the roles' decisions, the fused (outer-stepped, explorer-noised)
+        parameters set, PBT's optimizer state copied: (metrics, weights, exploit pairs)."""
+        group_flat, W = yield from self.fusion.weights(flats, rel, pub.excluded)
+        info, source, pairs = self.roles.decide(pub, rel, rew, self.ids)
+        new = yield from self.fusion.fuse(group_flat, W, source)
+        new = yield from self.roles.perturb(new, self.fusion.numel)
+        yield Compute(self.learner.set_flat_params, new, name="unpack")
+        yield from self.roles.exploit(pairs)
+        self.fusion.settle(new)
+        return info, W, pairs
 
-def score_rows(ctx, learner, budget, agents=None):
-    """The validation rows scored this round (``budget``: (FLOPs, seed) for scoring
-    ``agents`` agents, default all), or None: the whole split (no budget, or a learner that
-    cannot predict on given rows)."""
-    per = getattr(learner, "eval_flops", None)
-    if budget is None or not isinstance(per, float) or not V.can_shard(learner):
-        return None
-    total = len(learner.task_data("val")[1])
-    size = V.subsample_size(total, budget[0], per / total, agents or ctx.world_size)
-    return V.subsample_rows(total, size, budget[1])
-
-
-def own_rows(ctx, learner, budget, arch):
-    """Rows of ``arch``'s own validation split one agent is scored on this round, for a
-    learner that scores given rows of each architecture's split (``val_size``,
-    ``evaluate_params(flat, arch, rows)``): its 1/n of the budget; None: the whole split."""
-    if budget is None or not hasattr(learner, "val_size") or "ensemble" in ctx.state:
-        return None
-    total = learner.val_size(arch)
-    per = learner.eval_flops(arch) / total
-    size = V.subsample_size(total, budget[0] / ctx.world_size, per, 1, getattr(learner, "min_score_rows", V.MIN_ROWS))
-    return V.subsample_rows(total, size, budget[1]) if size < total else None
-
-
-def validate(ctx, learner, flats, ids, roles, train_loss, numeric, budget=None):
-    """Validators score every agent, each on its own shard of the held-out split or of
-    this round's subsample of it (``budget``: (FLOPs, seed), :func:`score_rows`; or one
-    validator scores: :mod:`oresearcher.cooperation.validation`); everyone AllGathers the
-    scores; returns Published."""
-    n = ctx.world_size
-    rows = None
-    v, count = V.validator_slot(roles, ctx.rank)
-    sub = score_rows(ctx, learner, budget) if numeric and "ensemble" not in ctx.state else None
-    shards = (count > 1 or sub is not None) and V.can_shard(learner) and "ensemble" not in ctx.state
-    if v >= 0 and (shards or v == 0) and numeric and hasattr(learner, "evaluate_params"):
-        results = []
-        for j in range(n):
-            own = None if shards else own_rows(ctx, learner, budget, ids[j])
-            if shards:
-                res = yield Compute(V.shard_scores, learner, flats[j], ids[j], v, count, sub, name="validate")
-            elif own is not None:
-                res = yield Compute(learner.evaluate_params, flats[j], ids[j], own, name="validate")
-            else:
-                res = yield Compute(learner.evaluate_params, flats[j], ids[j], name="validate")
-            yield Compute(flops=float(res.get("flops", 0.0)), name="validate")
-            results.append(res)
-        nov = yield Compute(novelty, [r["probs"] for r in results], ctx.state.get("ensemble"), name="novelty")
-        rows = torch.tensor([[r[c] if c != "novelty" else nov[j] for c in R.REPORT_COLUMNS]
-                             for j, r in enumerate(results)], dtype=torch.float64)
-    dev = ctx.device if numeric else torch.device("meta")
-    report = R.encode_report(rows, n, train_loss).to(dev)
-    gathered = yield AllGather(report, name="score_gather")
-    if not numeric:
-        return None
-    return R.decode_reports([g.cpu() for g in gathered], n, ctx.scenario.cooperation.roles.divergence_factor)
-
-
-def round_rewards(pub, weights) -> tuple[torch.Tensor, torch.Tensor]:
-    """(reliability, reward) per agent; without validator scores, from training losses."""
-    if pub.columns:
-        rel = pub.columns["metric"]
-        rew = reward(rel, pub.columns["novelty"], pub.columns["safety"], weights)
-    else:  # no held-out scorer: a bounded, decreasing function of the training loss
-        rel = 1.0 / (1.0 + pub.train_loss.clamp(min=0))
-        rew = reward(rel, torch.zeros_like(rel), torch.isfinite(pub.train_loss).double(), weights)
-    rew = torch.where(pub.excluded, torch.full_like(rew, float("nan")), rew)
-    return rel, rew
-
-
-def _finite_buckets(learner) -> list:
-    """The gradient buckets, zeroed if any value is non-finite: a diverged agent must not
-    poison the others through gradient sharing (fusion excludes it at the round's end).
-    The last bucket carries one more element, 1 if this agent's gradient is healthy, so
-    the average divides by the healthy agents, not all of them (:func:`_healthy_average`)."""
-    buckets = learner.grad_buckets()
-    healthy = 1.0
-    if buckets and buckets[0].device.type != "meta" and not all(bool(torch.isfinite(b).all()) for b in buckets):
-        log.warning("non-finite gradients: this agent shares zeros until the fusion round")
-        buckets, healthy = [torch.zeros_like(b) for b in buckets], 0.0
-    if buckets:
-        last = buckets[-1]
-        buckets[-1] = torch.cat([last.reshape(-1), torch.full((1,), healthy, dtype=last.dtype, device=last.device)])
-    return buckets
-
-
-def _healthy_average(ctx, buckets, group, codec):
-    """Average gradients over the healthy members of ``group`` only: sum / healthy count,
-    the count being the sum of the members' flags (the last bucket's extra element).
-    With a codec the flags travel in their own exact all-reduce (a compressed element
-    would not count exactly)."""
-    if not buckets:
-        return []
-    if codec is None:
-        reduced = yield from reduce_buckets(ctx, buckets, group, None, name="grad_share")
-        frac = reduced[-1][-1:]  # mean of the flags: healthy / members
-        reduced[-1] = reduced[-1][:-1]
-    else:
-        flags = buckets[-1][-1:].clone()
-        buckets = buckets[:-1] + [buckets[-1][:-1]]
-        reduced = yield from reduce_buckets(ctx, buckets, group, codec, name="grad_share")
-        frac = yield AllReduce(flags, group=group, op="avg", name="healthy_count")
-    if frac.device.type == "meta":
-        return reduced
-    f = float(frac.reshape(-1)[0])
-    return [b / f for b in reduced] if f > 0 else reduced
-
-
-def _exploit_optimizer_state(ctx, learner, pairs):
-    """PBT exploit copies the winner's optimizer state too (a Send from the winner, a Recv
-    by the loser; the same pairs on every rank). Learners without a torch optimizer
-    (shape mode, foreign tasks) have none to copy."""
-    if not (hasattr(learner, "optimizer") and hasattr(learner, "params")):
-        return
-    for loser, winner in pairs:
-        if ctx.rank == winner:
-            yield Send((yield Compute(R.optimizer_state_flat, learner, name="pack")), dst=loser, name="exploit_state")
-        elif ctx.rank == loser:
-            mine = yield Compute(R.optimizer_state_flat, learner, name="pack")
-            theirs = yield Recv(mine, src=winner, name="exploit_state")
-            yield Compute(R.load_optimizer_state_flat, learner, theirs, name="unpack")
+    def final(self, losses):
+        """After the last round: score the final parameters (the distillation teacher's
+        members, left in ``learner.cooperative_result``) and test this agent."""
+        ctx, learner, st = self.ctx, self.learner, self.roles.group
+        flats, pub, numeric = yield from self.exchange(losses)
+        if not numeric:
+            return {}
+        rel, rew = round_rewards(pub, self.rewards.scheduled(1.0))
+        learner.cooperative_result = {
+            "roles": list(st.roles), "reliability": rel.tolist(), "reward": rew.tolist(),
+            "excluded": pub.excluded.tolist(), "scores": {k: v.tolist() for k, v in pub.columns.items()},
+            "state": st.state_dict(),
+            "ids": list(self.ids), "flats": flats,  # the final agents: the distillation teacher's members
+        }
+        if self.ensemble is not None:  # the teacher: fitted on the final agents
+            learner.cooperative_result["ensemble_fit"] = yield from self.ensemble.fit(flats, self.ids, pub.excluded,
+                                                                                      st.roles)
+        out = {"final_reliability": float(rel[ctx.rank]), "final_excluded": float(pub.excluded[ctx.rank])}
+        out.update((yield Compute(learner.evaluate, name="evaluate")))
+        return out

@@ -26,8 +26,8 @@ from ..models.learner import DTYPES
 from ..models.workloads import bucket_sizes, measure_lm, per_rank_batch
 from ..ops import AllReduce, Compute, StepDone, tap
 from ..seeds import STREAM, derive
-from .cooperative import arch_ids, cooperative
-from .cooperative_round import gather_params
+from .cooperative import cooperative
+from .cooperative_exchange import arch_ids, gather_params
 
 
 class FinalAgents:

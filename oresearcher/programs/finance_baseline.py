@@ -83,7 +83,7 @@ def comparison(scenario, modules: dict, steps_taken: list[int], rules) -> dict:
 
     ``modules``: {architecture: fused module} (:func:`oresearcher.cooperation.deploy.fused_modules`);
     ``steps_taken``: local steps each rank took (rank order)."""
-    from .cooperative_round import arch_ids
+    from .cooperative_exchange import arch_ids
 
     ids, batch = arch_ids(scenario), per_rank_batch(scenario)
     out = {}

@@ -23,7 +23,7 @@ from ..cooperation import validation as V
 from ..cooperation.roles import pbt_perturb
 from ..ops import AllGather, Compute, StepDone
 from ..seeds import STREAM, derive
-from .cooperative_round import _gen, round_lengths, score_rows
+from .cooperative_exchange import _gen, round_lengths, score_rows
 from .data_parallel import local_step
 
 

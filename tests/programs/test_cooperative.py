@@ -17,7 +17,7 @@ import torch
 
 from oresearcher import ops as O
 from oresearcher.programs import AgentContext, get_program
-from oresearcher.programs.cooperative import arch_group, initial_lr_mult, round_lengths, step_cost
+from oresearcher.programs.cooperative_exchange import arch_group, initial_lr_mult, round_lengths, step_cost
 from oresearcher.models.learner import ShapeLearner
 from oresearcher.scenario import load_scenario
 from oresearcher.tasks import make_learner

@@ -11,7 +11,7 @@ import torch
 from oresearcher import ops as O
 from oresearcher.codecs import build
 from oresearcher.programs import AgentContext
-from oresearcher.programs.cooperative import _finite_buckets, _healthy_average
+from oresearcher.programs.cooperative_local import finite_buckets, healthy_average
 from oresearcher.scenario import load_scenario
 from oresearcher.testing import run_programs
 
@@ -32,8 +32,8 @@ def _share(grads, codec_spec):
     def prog(rank):
         ctx = AgentContext(rank, len(grads), SC, mode="numeric")
         codec = None if codec_spec is None else build(codec_spec, seed=rank, shared_seed=0)
-        buckets = _finite_buckets(_Grads(grads[rank]))
-        out[rank] = yield from _healthy_average(ctx, buckets, None, codec)
+        buckets = finite_buckets(_Grads(grads[rank]))
+        out[rank] = yield from healthy_average(ctx, buckets, None, codec)
         yield O.StepDone(0, {})
 
     run_programs([prog(r) for r in range(len(grads))])

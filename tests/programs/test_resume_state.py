@@ -15,7 +15,7 @@ from oresearcher import ops as O
 from oresearcher.cooperation.allocation import AllocationState
 from oresearcher.cooperation.outer import OuterNesterov
 from oresearcher.programs import AgentContext, get_program
-from oresearcher.programs.cooperative import GroupState, LoopState
+from oresearcher.programs.cooperative_exchange import GroupState, LoopState
 from oresearcher.scenario import load_scenario
 from oresearcher.tasks import make_learner
 from oresearcher.tasks.supervised import ShuffledBatches
