@@ -2,7 +2,7 @@
 between device and host memory at the device profile's ``host_link_GBps``."""
 from __future__ import annotations
 
-from ..hardware import GB
+from oresearcher.comm.units import GB
 
 
 def swap_seconds(device, nbytes: float) -> float:

@@ -12,7 +12,8 @@ import yaml
 from ..hardware import JITTER_CV_MAX
 
 from ..errors import UserError
-from .fabric_fit import GB, US, FabricFit
+from ..comm.units import GB, US
+from .fabric_fit import FabricFit
 from .jitter import fit_wake, op_jitter_cv, own_slowness, persistence_rho, pooled_cv, simulated_meetings
 from .record import Measurement
 
