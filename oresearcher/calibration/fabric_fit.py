@@ -39,7 +39,7 @@ def fit_fabric(rows, n: int, call_overhead_s: float = 0.0) -> FabricFit:
         raise ValueError("no measurements to fit")
     terms = np.array([ring_terms(r["kind"], n) for r in rows])  # [rows, 2]: hops, bytes factor
     nbytes = np.array([float(r["bytes"]) for r in rows])
-    t = np.array([max(float(r["time_s"]), 1e-9) for r in rows])
+    t = np.array([max(float(r["time_s"]), NS) for r in rows])  # at least a nanosecond
     w = np.array([WORKLOAD_WEIGHT if r.get("workload") else 1.0 for r in rows]) / t
     hops = terms[:, 0] if len(set(terms[:, 0])) > 1 else np.zeros(len(rows))  # one hop count: cannot split
     # unknowns in us, us and ns/byte keep the columns on comparable scales

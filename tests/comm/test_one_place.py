@@ -110,8 +110,9 @@ def _unit_literals(path: Path) -> list[str]:
 
 
 def test_no_hand_unit_conversion_in_the_pricing_code():
-    pricing = [p for p in COMM.glob("*.py") if p.name != "units.py"] + [ROOT / "sim" / "network.py",
-                                                                         ROOT / "sim" / "engine.py"]
+    pricing = [p for p in COMM.glob("*.py") if p.name != "units.py"] + [
+        ROOT / f for f in ("sim/network.py", "sim/engine.py", "sim/swap.py", "sim/bench.py",
+                           "oresearcher/programs/fsdp_costs.py", "oresearcher/calibration/fabric_fit.py")]
     hits = [h for p in pricing for h in _unit_literals(p)]
     assert hits == [], hits
 
