@@ -36,7 +36,7 @@ import yaml
 
 from oresearcher.backends import device_rates
 from oresearcher.calibration.profiles import profile_fields
-from oresearcher.hardware import US
+from oresearcher.comm.units import US
 
 log = logging.getLogger("oresearcher.calibrate")
 

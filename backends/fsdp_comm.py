@@ -28,7 +28,7 @@ import torch
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.fsdp._fully_shard._fsdp_collectives import DefaultAllGather
 
-from oresearcher.codecs.wire import wire_bytes  # the one formula prediction and measurement share
+from oresearcher.comm.wire import wire_bytes  # the one formula prediction and measurement share
 
 LOG: list[tuple[str, float, float, int]] = []  # (name, start, end, wire bytes), perf_counter seconds
 

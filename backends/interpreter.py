@@ -38,7 +38,7 @@ import torch.distributed as dist
 
 from oresearcher import ops as O
 from oresearcher.reporting.report import Span, Timeline
-from oresearcher.codecs.wire import wire_bytes
+from oresearcher.comm.wire import wire_bytes
 
 log = logging.getLogger(__name__)
 

@@ -97,7 +97,6 @@ from .errors import UserError
 from .hardware import load_profile_file
 from .scenario import load_raw, load_scenario
 from .scenario.shipped import find_scenario
-from .codecs.wire import ring_terms  # noqa: F401
 
 log = logging.getLogger("oresearcher.calibrate")
 

@@ -18,7 +18,8 @@ from typing import NamedTuple, Optional
 import torch
 
 from oresearcher import ops as O
-from oresearcher.codecs import wire
+from oresearcher.comm import schedules
+from oresearcher.comm.units import Bps_to_GBps, GBps_to_Bps, s_to_us, us_to_s
 from oresearcher.errors import UserError
 
 from .engine import Engine
@@ -31,7 +32,8 @@ KINDS = {"all_reduce": "AllReduce", "all_gather": "AllGather", "reduce_scatter":
 
 
 def bus_factor(op: str, n: int) -> float:
-    return wire.bus_factor(KINDS[op], n)
+    """nccl-tests' bus factor of ``op`` (its name, all_reduce ...) on ``n`` ranks."""
+    return schedules.bus_factor(KINDS[op], n)
 
 
 class Reference(NamedTuple):
@@ -62,7 +64,7 @@ def reference_check(name: str, path) -> tuple[list[dict], list[tuple[int, float]
     """Simulate the all-reduce sizes of a shipped reference on its cluster:
     (simulated rows, reference rows, error as :func:`reference_error`)."""
     from ..hardware import builtin_profiles
-    from .topology import build_topology
+    from oresearcher.comm import build_topology
 
     r = REFERENCES[name]
     cat = builtin_profiles()
@@ -118,8 +120,8 @@ def collective_bench(topo, device, op: str, sizes=None, algorithm: str = "auto")
         tl = eng.run([_program(op, size, n) for _ in range(n)])
         t = max(tl.step_ends[r][-1] for r in range(n))
         algos = sorted({s.args.get("algorithm") for s in tl.spans if s.cat == "comm"})
-        algbw = size / t / 1e9 if t > 0 else 0.0
-        rows.append({"size_bytes": size, "ranks": n, "time_us": t * 1e6, "algbw_GBps": algbw,
+        algbw = Bps_to_GBps(size / t) if t > 0 else 0.0
+        rows.append({"size_bytes": size, "ranks": n, "time_us": s_to_us(t), "algbw_GBps": algbw,
                      "busbw_GBps": algbw * bus_factor(op, n), "algorithm": ",".join(a for a in algos if a)})
     return rows
 
@@ -160,7 +162,7 @@ def _csv_time_us(rec: dict, busbw_factor: Optional[float], p: Path) -> float:
         return float(rec["time_us"])
     if busbw_factor is None:
         raise UserError(f"{p}: rows give busbw only; the op's bus factor on its ranks is needed to time them")
-    return int(rec["size_bytes"]) * busbw_factor / (float(rec["busbw_GBps"]) * 1e3)
+    return s_to_us(int(rec["size_bytes"]) * busbw_factor / GBps_to_Bps(float(rec["busbw_GBps"])))
 
 
 def reference_error(rows: list[dict], ref: list[tuple[int, float]], min_size: int = 0) -> float:
@@ -187,7 +189,7 @@ def bench_png(op: str, rows: list[dict], path, title: str, refs=()) -> None:
     for label, ref in refs:
         xs = [s for s, _ in ref]
         ax_t.plot(xs, [t for _, t in ref], "s--", label=label, ms=3)
-        ax_b.semilogx(xs, [s / t / 1e3 * bus_factor(op, n) for s, t in ref], "s--", base=2, label=label, ms=3)
+        ax_b.semilogx(xs, [Bps_to_GBps(s / us_to_s(t)) * bus_factor(op, n) for s, t in ref], "s--", base=2, label=label, ms=3)
     ax_t.set_xscale("log", base=2)
     ax_t.set_yscale("log")
     ax_t.set_ylabel("time (us)")

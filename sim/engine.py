@@ -4,7 +4,7 @@ Each rank's program runs as a SimPy process. A Compute op takes
 ``flops / achieved FLOP/s + host overhead`` of simulated time, or what ``pricing`` (the
 roofline model, :mod:`.roofline`) says plus the host overhead (and, in numeric mode, runs
 its function). A collective completes when every member of its group has issued it; its
-duration comes from the collective algorithm (:mod:`.collectives`) moving flows over the
+duration comes from its plan (:func:`oresearcher.comm.plan`) moving flows over the
 max-min fair network (:mod:`.network`), so concurrent collectives slow each other down.
 Results follow :func:`oresearcher.ops.collective_results`, the same definition the
 reference interpreter and torch.distributed follow; in shape mode the tensors are meta
@@ -29,9 +29,11 @@ import simpy
 from oresearcher import ops as O
 from oresearcher.reporting.report import Timeline
 
-from . import collectives as C
+from oresearcher import comm
+from oresearcher.comm.units import us_to_s
+
 from .swap import swap_seconds
-from .draws import lognormal_params  # noqa: F401 (re-exported)
+from .draws import RankJitter, lognormal_params
 
 
 def _meta(op) -> bool:
@@ -97,7 +99,7 @@ class Engine:
         self.seed = int(seed)
         self.jitter = lognormal_params(float(getattr(device, "compute_jitter_cv", 0.0) or 0.0))
         self.rho = float(getattr(device, "compute_jitter_rho", 0.0) or 0.0)
-        self.wake = float(getattr(device, "wake_delay_us", 0.0) or 0.0) * 1e-6  # mean, seconds
+        self.wake = us_to_s(float(getattr(device, "wake_delay_us", 0.0) or 0.0))  # mean, seconds
         self._rngs = {}  # rank -> its generator, where it draws (the wake-up delays after blocking, _wake)
         self.tl = timeline or Timeline(self.world_size)
         from .network import FlowNetwork
@@ -154,18 +156,10 @@ class Engine:
 
     # -- rank process -------------------------------------------------------------
     def _rank(self, rank, gen):
-        env, tl, rate, host = self.env, self.tl, self.rate, self.host
-        mu, sigma = self.jitter
-        # one generator per rank: a rank's draws do not depend on how ranks interleave
-        rng = np.random.default_rng([self.seed, rank]) if sigma > 0 or self.wake > 0 else None
-        self._rngs[rank] = rng
-        rho = self.rho if rng is not None else 0.0
-        z = sigma * rng.standard_normal() if rho > 0 else 0.0  # sigma * the AR(1) state
-        step_factor = math.exp(mu + z)
-        slow = self.faults.compute_factor(rank) if self.faults is not None else 1.0
-        Compute, Collective, Swap, Wait, Handle = O.Compute, O.Collective, O.Swap, O.Wait, O.Handle
-        pricing, owed_of, record = self.pricing, self.owed, tl.record
-        arrive, group_of, wake = self._arrive, self._group, self.wake
+        env, tl = self.env, self.tl
+        jit = RankJitter(self, rank)
+        Compute, Swap, StepDone = O.Compute, O.Swap, O.StepDone
+        owed_of, record, wake, issue = self.owed, tl.record, self.wake, self._issue
         mult = 1 if self.members is None else len(self.members[rank])  # ranks this process stands for
         # Compute only touches this rank, so its time is owed lazily: consecutive Computes
         # cost one SimPy event, paid before the rank next meets others (exactly the same
@@ -186,17 +180,7 @@ class Engine:
                 if isinstance(op, Compute):  # Swap too: priced at the host link (sim/swap.py)
                     if op.fn is not None:
                         val = op.fn(*op.args, **op.kwargs)
-                    if isinstance(op, Swap):
-                        priced = swap_seconds(self.device, op.nbytes)
-                    else:
-                        priced = pricing(op.name, op.flops) if pricing is not None else None
-                    dur = (op.flops / rate if priced is None else priced) + host
-                    if rho > 0:
-                        dur *= step_factor
-                    elif rng is not None:
-                        dur *= float(rng.lognormal(mu, sigma))
-                    if slow != 1.0:
-                        dur *= slow
+                    dur = jit.scale(self._compute_seconds(op, isinstance(op, Swap)))
                     start = env.now + owed
                     owed += dur
                     owed_of[rank] = owed
@@ -205,34 +189,13 @@ class Engine:
                 if owed:
                     yield env.timeout(owed)
                     owed = owed_of[rank] = 0.0
-                if isinstance(op, Collective):
-                    inst = arrive(rank, op, op.kind, *group_of(op.group))
-                    if op.async_op:
-                        val = Handle(op, inst)
-                        continue
-                elif isinstance(op, Wait):
-                    inst = getattr(op.handle, "token", None)
-                    if not isinstance(inst, _Instance):
-                        raise O.not_a_handle(rank, inst)
-                elif isinstance(op, O.StepDone):
-                    if rho > 0:
-                        z = rho * z + math.sqrt(1 - rho * rho) * sigma * rng.standard_normal()
-                        step_factor = math.exp(mu + z)
-                    tl.step_done(rank, op.step, env.now, op.metrics)
-                    if self.on_step is not None:
-                        self.on_step(rank, op.step)
-                    if self.faults is not None:
-                        yield from self.faults.after_step(env, tl, rank, op.step)
+                if isinstance(op, StepDone):
+                    jit.next_step()
+                    yield from self._step_done(rank, op)
                     continue
-                elif isinstance(op, O.Send):
-                    # buffered, as in the reference interpreter and the real backend (isend):
-                    # the sender goes on; the transfer runs once the receiver posts its Recv
-                    arrive(rank, op, "SendRecv", (rank, op.dst), ("p2p", rank, op.dst))
+                inst, val = issue(rank, op)
+                if inst is None:  # an async collective's handle, or a buffered Send
                     continue
-                elif isinstance(op, O.Recv):
-                    inst = arrive(rank, op, "SendRecv", (op.src, rank), ("p2p", op.src, rank))
-                else:
-                    raise O.not_an_op(rank, op)
                 # a blocking collective, a Wait or a Recv: block on ``inst`` here rather
                 # than in a sub-generator (a Wait is one op in three of a DDP step)
                 start = env.now
@@ -245,6 +208,43 @@ class Engine:
         finally:
             self.ops_done += n * mult
             self.ops_run += n
+
+    def _compute_seconds(self, op, swap: bool) -> float:
+        """A Compute op's mean duration: flops at the device's rate, or what ``pricing``
+        (or, for a Swap, the host link) says, plus the host overhead."""
+        if swap:
+            priced = swap_seconds(self.device, op.nbytes)
+        else:
+            priced = self.pricing(op.name, op.flops) if self.pricing is not None else None
+        return (op.flops / self.rate if priced is None else priced) + self.host
+
+    def _step_done(self, rank, op):
+        """A rank's StepDone: the timeline, the progress callback, and the fault plan's
+        work after a step (checkpoints, failures: it may take simulated time)."""
+        self.tl.step_done(rank, op.step, self.env.now, op.metrics)
+        if self.on_step is not None:
+            self.on_step(rank, op.step)
+        if self.faults is not None:
+            yield from self.faults.after_step(self.env, self.tl, rank, op.step)
+
+    def _issue(self, rank, op):
+        """(instance to block on or None, value to send back) for a communication op."""
+        if isinstance(op, O.Collective):
+            inst = self._arrive(rank, op, op.kind, *self._group(op.group))
+            return (None, O.Handle(op, inst)) if op.async_op else (inst, None)
+        if isinstance(op, O.Wait):
+            inst = getattr(op.handle, "token", None)
+            if not isinstance(inst, _Instance):
+                raise O.not_a_handle(rank, inst)
+            return inst, None
+        if isinstance(op, O.Send):
+            # buffered, as in the reference interpreter and the real backend (isend):
+            # the sender goes on; the transfer runs once the receiver posts its Recv
+            self._arrive(rank, op, "SendRecv", (rank, op.dst), ("p2p", rank, op.dst))
+            return None, None
+        if isinstance(op, O.Recv):
+            return self._arrive(rank, op, "SendRecv", (op.src, rank), ("p2p", op.src, rank)), None
+        raise O.not_an_op(rank, op)
 
     def _wake(self, rank, inst) -> float:
         """Rank's delay after a collective's end before it runs again: the members leave
@@ -365,13 +365,13 @@ class Engine:
         key = (inst.kind, inst.gkey, nbytes, root, requested)  # a group key stands for its ranks
         hit = self._plans.get(key)
         if hit is None:
-            pl = C.plan(inst.kind, inst.ranks, nbytes, self.topo, requested, root)
+            pl = comm.plan(inst.kind, inst.ranks, nbytes, self.topo, requested, root)
             steps = []
             for latency, p in pl.timing:
                 live = [(self.topo.route(s, d), float(b)) for s, d, b in p.flows if b > 0 and s != d]
                 routes, sizes = tuple(r for r, _ in live), [b for _, b in live]
                 steps.append((latency, routes, sizes, self.net.batch(routes, sizes)))
-            hit = self._plans[key] = (pl, steps, C.wire_bytes_by_rank(pl.phases))
+            hit = self._plans[key] = (pl, steps, comm.wire_bytes_by_rank(pl.phases))
         return hit
 
     def _run(self, inst):

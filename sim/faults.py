@@ -41,9 +41,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from oresearcher.hardware import GB
+from oresearcher.comm.units import GB, Bps_to_GBps, GBps_to_Bps
 
-from .engine import lognormal_params
+from .draws import lognormal_params
 
 # More random failures than this in one run: it is not getting anywhere (a year of simulated
 # time at an mtbf of one hour is 8,760); the simulator says so instead of running on.
@@ -156,14 +156,16 @@ class FaultPlan:
     """The engine's view of one scenario's faults (see the module docstring)."""
 
     def __init__(self, spec, world: int, steps: int, every: int, checkpoint_bytes: float,
-                 storage_Bps: float, seed: int, ctxs=None, gpus_per_node: int | None = None):
+                 storage_Bps: float, seed: int, gpus_per_node: int | None = None):
         self.spec, self.world, self.steps, self.every = spec, world, steps, every
         self.gpus_per_node = gpus_per_node or world
         self.checkpoint_bytes, self.storage_Bps = float(checkpoint_bytes), float(storage_Bps)
         self.checkpoint_s = self.checkpoint_bytes / self.storage_Bps
         self.factors = straggler_factors(spec.stragglers, world, seed)
         self.links = list(spec.links)
-        self.ctxs = ctxs
+        # the programs' contexts, whose resume boundaries checkpoints follow (fault_plan sets
+        # them); None: every StepDone is a boundary
+        self.ctxs = None
         self.failures = sorted((_Failure(f.at_s, f.rank, f.action, f.scope) for f in spec.failures),
                                key=lambda f: f.at_s)
         # random job failures, drawn as simulated time reaches them (the same stream as failure_times)
@@ -310,9 +312,11 @@ def fault_plan(scenario, device, ctxs, learner, memory) -> FaultPlan | None:
     if not (spec.active or spec.price_checkpoints):
         return None
     seed = scenario.seed if spec.seed is None else spec.seed
-    bw = float(getattr(device, "storage_bandwidth_GBps", 2.0)) * GB
-    return FaultPlan(spec, scenario.world_size, scenario.training.steps, scenario.training.checkpoint_every,
-                     checkpoint_bytes(scenario, learner, memory), bw, seed, ctxs, scenario.cluster.gpus_per_node)
+    bw = GBps_to_Bps(float(getattr(device, "storage_bandwidth_GBps", 2.0)))
+    plan = FaultPlan(spec, scenario.world_size, scenario.training.steps, scenario.training.checkpoint_every,
+                     checkpoint_bytes(scenario, learner, memory), bw, seed, scenario.cluster.gpus_per_node)
+    plan.ctxs = ctxs
+    return plan
 
 
 def variant(scenario, keep: tuple = ()):
@@ -341,7 +345,7 @@ def fault_report(scenario, plan: FaultPlan, tl, baseline_total) -> dict:
     out = {
         "time_fault_free_s": base, "time_total_s": total,
         "checkpoints": {"count": plan.checkpoints, "bytes_per_rank": plan.checkpoint_bytes,
-                        "storage_bandwidth_GBps": plan.storage_Bps / GB, "seconds_each": plan.checkpoint_s,
+                        "storage_bandwidth_GBps": Bps_to_GBps(plan.storage_Bps), "seconds_each": plan.checkpoint_s,
                         "time_lost_s": plan.checkpoints * plan.checkpoint_s},
         "stragglers": {"factors": plan.factors, "time_lost_s": baseline_total(("stragglers",)) - base if spec.stragglers else 0.0},
         "links": {"windows": [w.model_dump() for w in plan.links],

@@ -169,10 +169,25 @@ class FsdpMemory:
         return self.sharded_params + self.sharded_grads + self.optimizer_state
 
 
-def estimate_fsdp_memory(*, params: int, root_params: int, block_params: int, blocks: int,
-                         shard_size: int, compute_dtype: str, reduce_fp32: bool, optimizer: str,
-                         reshard_after_forward: bool, activation_bytes: int,
-                         device_memory_bytes: int, sam: bool = False) -> FsdpMemory:
+@dataclass(frozen=True)
+class FsdpSetup:
+    """What FSDP2 shards and how: the model's parameters (a root and ``blocks`` equal
+    blocks, each its own ``fully_shard`` unit), the shard group and the mixed-precision,
+    optimizer and resharding policy."""
+
+    params: int
+    root_params: int
+    block_params: int
+    blocks: int
+    shard_size: int
+    compute_dtype: str
+    reduce_fp32: bool
+    optimizer: str
+    reshard_after_forward: bool
+
+
+def estimate_fsdp_memory(setup: FsdpSetup, *, activation_bytes: int, device_memory_bytes: int,
+                         sam: bool = False) -> FsdpMemory:
     """Per-GPU memory of FSDP2 training (torch's ``fully_shard`` per block, root = the rest).
 
     - sharded states: FSDP2 keeps the sharded parameters in fp32 (the mixed-precision
@@ -195,16 +210,17 @@ def estimate_fsdp_memory(*, params: int, root_params: int, block_params: int, bl
     transient. Not modelled: the all-gather/reduce-scatter output copies of a single
     collective, the CUDA context and allocator fragmentation.
     """
-    if shard_size < 1 or blocks < 0 or min(params, root_params, block_params, activation_bytes) < 0:
+    s = setup
+    if s.shard_size < 1 or s.blocks < 0 or min(s.params, s.root_params, s.block_params, activation_bytes) < 0:
         raise ValueError("need shard_size >= 1 and non-negative sizes")
-    p = 4 if compute_dtype == "fp32" else 2
-    r = 4 if reduce_fp32 else p
-    opt = bytes_per_param("fp32", optimizer)[2]
-    shard = -(-params // shard_size)  # ceil: padded shards
-    held_blocks = min(2, blocks) if reshard_after_forward else blocks
+    p = 4 if s.compute_dtype == "fp32" else 2
+    r = 4 if s.reduce_fp32 else p
+    opt = bytes_per_param("fp32", s.optimizer)[2]
+    shard = -(-s.params // s.shard_size)  # ceil: padded shards
+    held_blocks = min(2, s.blocks) if s.reshard_after_forward else s.blocks
     parts = dict(sharded_params=4 * shard, sharded_grads=4 * shard, optimizer_state=opt * shard,
-                 gathered_params=p * (root_params + held_blocks * block_params),
-                 grad_buffers=r * (root_params + min(2, blocks) * block_params),
+                 gathered_params=p * (s.root_params + held_blocks * s.block_params),
+                 grad_buffers=r * (s.root_params + min(2, s.blocks) * s.block_params),
                  activations=int(activation_bytes), sam_saved=4 * shard if sam else 0)
     total = sum(parts.values())
     return FsdpMemory(**parts, total=total, device_memory_bytes=int(device_memory_bytes),

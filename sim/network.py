@@ -1,10 +1,9 @@
 """Event-driven network: flows share links with max-min fairness.
 
 A *flow* moves ``nbytes`` along a route of directional links. At every moment the
-active flows' rates are the max-min fair allocation (progressive filling, Bertsekas &
-Gallager, "Data Networks", section 6.5.2): no flow can get faster without slowing a
-flow that is already no faster. Rates are recomputed whenever a flow starts or ends,
-so two groups talking over one link at once slow each other down.
+active flows' rates are the max-min fair allocation (:func:`oresearcher.comm.maxmin.maxmin_rates`).
+Rates are recomputed whenever a flow starts or ends, so two groups talking over one link
+at once slow each other down.
 
 Max-min fairness is not monotone on arbitrary graphs: a new flow can slow flow A at one
 link and so free capacity for flow B at another, and B (even a whole batch) finishes
@@ -13,20 +12,19 @@ builds (every route is a rank's up port, maybe a shared bridge or NIC, and anoth
 rank's down port), tests/sim/test_engine.py checks that adding a concurrent collective
 never lets a collective finish earlier.
 
-:func:`maxmin_rates` is the pure math (property-tested); :class:`FlowNetwork` is the
-thin SimPy shell that advances remaining bytes between events.
+:func:`maxmin_rates` (the communication room's) is the pure math (property-tested);
+:class:`FlowNetwork` is the thin SimPy shell that advances remaining bytes between events.
 """
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from typing import Sequence
 
 import numpy as np
 import simpy
 
-# Relative tolerance for "this link is a bottleneck too" and "this flow is done".
-_REL = 1e-9
+from oresearcher.comm.maxmin import maxmin_rates
+
 # A flow with less than a picosecond of transfer left is done (float rounding).
 _DONE_S = 1e-12
 
@@ -37,30 +35,6 @@ def done_within(now: float) -> float:
     that ``now + dt`` rounds back to ``now`` (a flow slowed a billionfold by a link
     fault runs for hours, and a remainder under the clock's resolution never drains)."""
     return max(_DONE_S, 4 * math.ulp(now))
-
-
-def maxmin_rates(routes: Sequence[Sequence[int]], capacity: Sequence[float]) -> list[float]:
-    """Max-min fair rate (bytes/s) of each flow; a flow with an empty route gets inf."""
-    rate = [float("inf")] * len(routes)
-    users = defaultdict(list)
-    for f, route in enumerate(routes):
-        for link in route:
-            users[link].append(f)
-    left = {link: float(capacity[link]) for link in users}
-    frozen = [not r for r in routes]
-    count = {link: len(fs) for link, fs in users.items()}
-    while count:
-        share = min(left[l] / n for l, n in count.items())
-        limit = share * (1 + _REL)
-        newly = sorted({f for l, n in count.items() if left[l] / n <= limit for f in users[l] if not frozen[f]})
-        for f in newly:
-            frozen[f] = True
-            rate[f] = share
-            for link in routes[f]:
-                left[link] -= share
-                count[link] -= 1
-        count = {l: n for l, n in count.items() if n > 0}
-    return rate
 
 
 def _uniform(nbytes) -> bool:

@@ -11,6 +11,7 @@ import logging
 import torch
 
 from oresearcher.errors import UserError
+from oresearcher.comm import build_topology
 from oresearcher.hardware import catalogue, lookup
 from oresearcher.programs import AgentContext, get_program
 from oresearcher.reporting.report import Timeline, summarize
@@ -20,7 +21,6 @@ from oresearcher.tasks import make_learner
 from .engine import Engine
 from .faults import fault_plan, fault_report, variant
 from .symmetry import SymmetryBroken, symmetry_classes
-from .topology import build_topology
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +48,8 @@ def build_cluster(scenario: Scenario):
                         "(cooperation.allocation.agents_per_device > 1) need to price their switches; add it to "
                         "the profile (oresearcher.calibrate writes it for such a scenario)")
     network = None
-    if cl.network is not None:  # oresearcher/hardware/tiers.py: each tier's uplinks priced by its own fabric
-        from oresearcher.hardware.tiers import Tier
+    if cl.network is not None:  # oresearcher/comm/tiers.py: each tier's uplinks priced by its own fabric
+        from oresearcher.comm.tiers import Tier
 
         fabrics = [inter if t.fabric is None else lookup(cat, "fabric", t.fabric, f"{src}: cluster.network.tiers[{i}]"
                                                          ".fabric") for i, t in enumerate(cl.network.tiers)]
@@ -85,15 +85,16 @@ def fsdp_memory_report(scenario: Scenario, cost, device) -> dict:
     """Per-GPU memory of an fsdp rank; weights/grads hold sharded + gathered parts."""
     from oresearcher.models.sharding import scenario_plan
 
-    from .memory import estimate_fsdp_memory
+    from .memory import FsdpSetup, estimate_fsdp_memory
 
     plan, w = scenario_plan(scenario), scenario.workload
-    est = estimate_fsdp_memory(
+    setup = FsdpSetup(
         params=plan.params, root_params=plan.root.numel, block_params=max((b.numel for b in plan.blocks), default=0),
         blocks=len(plan.blocks), shard_size=scenario.fsdp.group_size(scenario.world_size), compute_dtype=w.dtype,
         reduce_fp32=scenario.fsdp.reduce_dtype == "fp32", optimizer=w.optimizer,
-        reshard_after_forward=scenario.fsdp.reshard_after_forward,
-        activation_bytes=cost.saved_activation_bytes(w.activation_checkpointing),
+        reshard_after_forward=scenario.fsdp.reshard_after_forward)
+    est = estimate_fsdp_memory(
+        setup, activation_bytes=cost.saved_activation_bytes(w.activation_checkpointing),
         device_memory_bytes=int(device.memory_bytes), sam=_sam_agents(scenario))
     parts = {k: getattr(est, k) for k in ("sharded_params", "sharded_grads", "optimizer_state", "gathered_params",
                                           "grad_buffers", "activations", "total", "fits")}

@@ -2,7 +2,7 @@
 between device and host memory at the device profile's ``host_link_GBps``."""
 from __future__ import annotations
 
-from ..hardware import GB
+from oresearcher.comm.units import GBps_to_Bps
 
 
 def swap_seconds(device, nbytes: float) -> float:
@@ -11,4 +11,4 @@ def swap_seconds(device, nbytes: float) -> float:
     if bw is None:
         raise ValueError(f"device profile {device.name!r} has no host_link_GBps: hosted agents "
                          "(cooperation.allocation.agents_per_device > 1) need it to price their switches")
-    return float(nbytes) / (bw * GB)
+    return float(nbytes) / GBps_to_Bps(bw)

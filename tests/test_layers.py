@@ -17,6 +17,7 @@ DIRS = {"oresearcher": "oresearcher", "sim": "oresearcher.sim", "backends": "ore
 LAYERS = [
     {"errors"},
     {"ops", "seeds", "files", "yamlsafe", "testing"},  # the ops, their reference interpreter, small helpers
+    {"comm"},  # the cost of moving bytes: units, schedules, topology, the alpha-beta and NCCL tiers
     {"hardware"},  # device and fabric profiles
     {"models"},  # networks, their learners and measured costs
     {"codecs"},

@@ -1,5 +1,5 @@
 """Fitting the fabric: call overhead, base and per-hop latency and bandwidth from timed
-collectives (least squares over the ring model of :mod:`oresearcher.codecs.wire`), and how a fit
+collectives (least squares over the ring model of :mod:`oresearcher.comm.schedules`), and how a fit
 scales to what a training run sees."""
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..codecs.wire import ring_terms
-from ..hardware import GB, US
+from ..comm.schedules import ring_terms, ring_time
+from ..comm.units import GB, NS, US, Bps_from_ns_per_byte, us_to_s
 
 MAX_BANDWIDTH_GBps = 1e4  # when the fit finds no bandwidth term at all
 WORKLOAD_WEIGHT = 5.0  # rows timed at the scenario's own sizes count this many times
@@ -22,8 +22,8 @@ class FabricFit:
     bandwidth_Bps: float
 
     def predict(self, kind: str, nbytes: float, n: int) -> float:
-        hops, factor = ring_terms(kind, n)
-        return self.call_overhead_s + self.base_latency_s + hops * self.hop_latency_s + factor * nbytes / self.bandwidth_Bps
+        return ring_time(kind, nbytes, n, self.call_overhead_s + self.base_latency_s, self.hop_latency_s,
+                         self.bandwidth_Bps)
 
 def fit_fabric(rows, n: int, call_overhead_s: float = 0.0) -> FabricFit:
     """Fit the ring model to rows {kind, bytes, time_s[, workload]} measured on ``n`` ranks.
@@ -39,15 +39,15 @@ def fit_fabric(rows, n: int, call_overhead_s: float = 0.0) -> FabricFit:
         raise ValueError("no measurements to fit")
     terms = np.array([ring_terms(r["kind"], n) for r in rows])  # [rows, 2]: hops, bytes factor
     nbytes = np.array([float(r["bytes"]) for r in rows])
-    t = np.array([max(float(r["time_s"]), 1e-9) for r in rows])
+    t = np.array([max(float(r["time_s"]), NS) for r in rows])  # at least a nanosecond
     w = np.array([WORKLOAD_WEIGHT if r.get("workload") else 1.0 for r in rows]) / t
     hops = terms[:, 0] if len(set(terms[:, 0])) > 1 else np.zeros(len(rows))  # one hop count: cannot split
     # unknowns in us, us and ns/byte keep the columns on comparable scales
-    A = np.stack([np.ones(len(rows)) * US, hops * US, terms[:, 1] * nbytes * 1e-9], axis=1) * w[:, None]
+    A = np.stack([np.ones(len(rows)) * US, hops * US, terms[:, 1] * nbytes * NS], axis=1) * w[:, None]
     x = lsq_linear(A, t * w, bounds=(0.0, np.inf)).x
-    const, hop, ns_per_byte = float(x[0]) * US, float(x[1]) * US, float(x[2])
+    const, hop, ns_per_byte = us_to_s(float(x[0])), us_to_s(float(x[1])), float(x[2])
     call = min(call_overhead_s, const)
-    bandwidth = 1e9 / ns_per_byte if ns_per_byte > 0 else MAX_BANDWIDTH_GBps * GB
+    bandwidth = Bps_from_ns_per_byte(ns_per_byte) if ns_per_byte > 0 else MAX_BANDWIDTH_GBps * GB
     return FabricFit(call, const - call, hop, min(bandwidth, MAX_BANDWIDTH_GBps * GB))
 
 def scaled(fit: FabricFit, factor: float) -> FabricFit:

@@ -12,7 +12,8 @@ import yaml
 from ..hardware import JITTER_CV_MAX
 
 from ..errors import UserError
-from .fabric_fit import GB, US, FabricFit
+from ..comm.units import GB, NS, US, s_to_us
+from .fabric_fit import FabricFit
 from .jitter import fit_wake, op_jitter_cv, own_slowness, persistence_rho, pooled_cv, simulated_meetings
 from .record import Measurement
 
@@ -100,7 +101,7 @@ def fsdp_fit(m: Measurement, jitter: bool = False) -> dict | None:
     return {"pass_flops_per_s": sched["pass_flops"] / passes,
             "memory_bandwidth_GBps": m.copy_Bps / c / GB,
             "dtensor_param_step_us": m.dtensor_param_step_s * o / US,
-            "optimizer_element_ns": m.optimizer_element_s * o / 1e-9,
+            "optimizer_element_ns": m.optimizer_element_s * o / NS,
             "fsdp_gather_param_us": m.gather_param_s * c / US,
             "fsdp_reduce_param_us": m.reduce_param_s * c / US,
             "copies_factor": c, "optimizer_factor": o}
@@ -163,7 +164,7 @@ def device_doc(name: str, m: Measurement, memory_bytes: float, jitter: bool = Fa
         **({"pass_flops_per_s": passes} if (passes := pass_rate(m, jitter)) else {}),
         **({"memory_bandwidth_GBps": m.copy_Bps / GB} if m.copy_Bps else {}),
         **({"dtensor_param_step_us": m.dtensor_param_step_s / US} if m.dtensor_param_step_s is not None else {}),
-        **({"optimizer_element_ns": m.optimizer_element_s / 1e-9} if m.optimizer_element_s is not None else {}),
+        **({"optimizer_element_ns": m.optimizer_element_s / NS} if m.optimizer_element_s is not None else {}),
         **({"fsdp_gather_param_us": m.gather_param_s / US} if m.gather_param_s is not None else {}),
         **({"fsdp_reduce_param_us": m.reduce_param_s / US} if m.reduce_param_s is not None else {}),
         **({"fsdp_unit_step_us": m.unit_step_s / US} if m.unit_step_s is not None else {}),
@@ -250,7 +251,7 @@ def profile_text(device: dict, fabric: dict, m: Measurement, errors: list[dict])
         *([f"# fsdp host costs, every rank at once (median over ranks): copying a block "
            f"{m.copy_Bps / GB:.3g} GB/s (read + write) -> memory_bandwidth_GBps; a DTensor shard's "
            f"optimizer step {m.dtensor_param_step_s / US:.1f} us per parameter over a "
-           f"plain tensor's -> dtensor_param_step_us; the plain step {m.optimizer_element_s / 1e-9:.2f} ns per "
+           f"plain tensor's -> dtensor_param_step_us; the plain step {m.optimizer_element_s / NS:.2f} ns per "
            "local element -> optimizer_element_ns."] if m.copy_Bps else []),
         *([f"# fsdp bookkeeping (FSDP2's own functions, one element per rank per parameter): "
            f"{m.gather_param_s / US:.1f} us per parameter per all-gather -> fsdp_gather_param_us, "
@@ -294,8 +295,8 @@ def _fsdp_step_lines(device: dict, m: Measurement) -> list[str]:
 def profile_fields(rates: dict) -> dict:
     """The device profile's roofline fields for measured ``rates`` (peak = the measured
     matmul rate, so its achievable fraction is 1)."""
-    return {"memory_bandwidth_GBps": rates["memory_bandwidth_Bps"] / 1e9, "memory_efficiency": 1.0,
-            "launch_us": rates["launch_s"] * 1e6,
+    return {"memory_bandwidth_GBps": rates["memory_bandwidth_Bps"] / GB, "memory_efficiency": 1.0,
+            "launch_us": s_to_us(rates["launch_s"]),
             "achievable": {"matmul": 1.0, "attention": min(1.0, rates["attention_flops"] / rates["matmul_flops"]),
                            "vector": 1.0}}
 

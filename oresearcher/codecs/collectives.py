@@ -34,7 +34,7 @@ import math
 import torch
 
 from .. import ops as O
-from .wire import ring_bytes_per_rank
+from ..comm.schedules import ring_bytes_per_rank
 from .base import DEFAULT_KEY, Codec, pack, unpack
 
 SCHEMES = ("allreduce", "allgather", "two_phase")

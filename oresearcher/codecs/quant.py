@@ -2,7 +2,7 @@
 
 int8 (per-chunk absmax scaling, as in 8-bit all-reduce schemes, e.g. Dettmers 2016,
 "8-Bit Approximations for Parallelism in Deep Learning"): the flat input is cut into
-chunks of ``chunk`` elements (default 2048; the last may be shorter). Per chunk ``c``
+chunks of ``chunk`` elements (default :data:`~oresearcher.comm.wire.INT8_CHUNK`, 2048; the last may be shorter). Per chunk ``c``
 the wire holds ``absmax[c] = max |x|`` (compute dtype) and int8 codes
 ``q = round(x * 127 / absmax[c])``; the quantization step is ``s_c = absmax[c] / 127``
 and ``decode = q * s_c``. Zero maps to code 0 and decodes to exactly zero.
@@ -35,6 +35,7 @@ import math
 
 import torch
 
+from ..comm.wire import INT8_CHUNK
 from . import fused, native
 from .base import Codec, Field, RngState, check_finite, compute_dtype
 
@@ -131,12 +132,12 @@ class Int8(Codec):
     differ between agents (independent rounding errors average out in the sum).
     """
 
-    def __init__(self, stochastic: bool = False, chunk: int = 2048, seed: int = 0):
+    def __init__(self, stochastic: bool = False, chunk: int = INT8_CHUNK, seed: int = 0):
         if chunk < 1:
             raise ValueError(f"int8 chunk must be >= 1, got {chunk}")
         self.stochastic, self.chunk = bool(stochastic), int(chunk)
         self.rng = RngState(seed) if stochastic else None
-        self.spec = "int8" + (":stochastic" if stochastic else "") + (f":chunk={chunk}" if chunk != 2048 else "")
+        self.spec = "int8" + (":stochastic" if stochastic else "") + (f":chunk={chunk}" if chunk != INT8_CHUNK else "")
 
     def layout(self, numel, dtype=torch.float32):
         nchunks = -(-numel // self.chunk)

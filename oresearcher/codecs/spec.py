@@ -13,7 +13,7 @@ such as DGC's 0.001; below it ``max(1, round(R * d))`` keeps a single element, a
 ratio such as ``1e-300`` is a typo, refused); ``tol`` (approx top-k
 only) is the accepted shortfall of kept elements in [0, 1) (default 0.1, see
 :mod:`oresearcher.codecs.sparse`); ``N`` the int8 chunk size in elements, 1 to 2**24
-(:data:`MAX_CHUNK`, default 2048). Examples: ``int8``, ``int8:stochastic``,
+(:data:`MAX_CHUNK`, default :data:`oresearcher.comm.wire.INT8_CHUNK`, 2048). Examples: ``int8``, ``int8:stochastic``,
 ``topk:0.01``, ``topk:0.01+int8``, ``ef(topk:0.01:approx)``, ``ef21(randk:0.05+fp16)``.
 Every codec's ``spec`` attribute is the canonical form, and ``build(codec.spec)``
 rebuilds an equal codec.
@@ -35,6 +35,7 @@ from typing import Optional
 
 import torch
 
+from ..comm.wire import INT8_CHUNK
 from .base import Codec
 from .feedback import EF21, ErrorFeedback
 from .quant import Cast, Identity, Int8
@@ -45,7 +46,7 @@ _DENSE = ("none", "fp16", "bf16", "int8")
 _SPARSE = ("topk", "randk")
 MIN_RATIO = 1e-6  # kept fraction of top-k / rand-k: smallest accepted
 MAX_CHUNK = 2**24  # int8 chunk, elements: largest accepted
-DEFAULT_CHUNK, DEFAULT_TOL = 2048, 0.1
+DEFAULT_TOL = 0.1
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,7 @@ class DensePart:
 
     name: str = "none"
     stochastic: bool = False
-    chunk: int = DEFAULT_CHUNK
+    chunk: int = INT8_CHUNK
 
 
 @dataclass(frozen=True)
@@ -170,7 +171,7 @@ class _Parser:
             if args:
                 self.fail(s, f"takes no arguments ({name})")
             return DensePart(name)
-        stochastic, chunk = False, DEFAULT_CHUNK
+        stochastic, chunk = False, INT8_CHUNK
         for a in args:
             if a in ("nearest", "stochastic"):
                 stochastic = a == "stochastic"

@@ -50,6 +50,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
+from ..comm.wire import int8_bytes_per_element
+
 TARGET = 0.8  # tighten to a rung predicted under TARGET x budget
 RELAX = 0.5  # relax only when measured under RELAX x budget ...
 RELAX_TO = 0.6  # ... and only to a rung predicted under RELAX_TO x budget
@@ -105,7 +107,7 @@ def bytes_per_element(spec: str, dtype: str) -> float:
     if spec in ("bf16", "fp16"):
         return 2.0
     if spec.startswith("int8"):
-        return 1.0 + 4.0 / 2048  # one fp32 scale per 2048-element chunk
+        return int8_bytes_per_element()  # one fp32 scale per chunk (the codec's layout)
     if "topk" in spec or "randk" in spec:
         ratio = float(spec.split(":")[1].split(")")[0].split("+")[0])
         return ratio * (g + 4)  # values plus int32 indices

@@ -13,15 +13,12 @@ from typing import Annotated, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from oresearcher.comm.units import GBps_to_Bps, us_to_s
 from oresearcher.errors import UserError, short
 
 PROFILE_DIR = Path(__file__).parent / "profiles"
-# The units of numbers that carry one in their name (bandwidth_GBps, latency_us), defined here
-# once for the whole package: GB and MB are 10^9 and 10^6 bytes, as NCCL and vendors count
-# them; US is a microsecond in seconds.
-GB = 10**9
-MB = 10**6
-US = 1e-6
+# Numbers in profiles carry their unit in their name (bandwidth_GBps, latency_us); the
+# properties below convert them once, through oresearcher.comm.units, to seconds and bytes/s.
 
 
 class _Strict(BaseModel):
@@ -144,11 +141,11 @@ class DeviceProfile(_Finite):
     @property
     def memory_bandwidth(self) -> float:
         """Achievable bytes/s of device memory."""
-        return self.memory_bandwidth_GBps * GB * self.memory_efficiency
+        return GBps_to_Bps(self.memory_bandwidth_GBps) * self.memory_efficiency
 
     @property
     def launch_s(self) -> float:
-        return self.launch_us * US
+        return us_to_s(self.launch_us)
 
     def flops_per_s(self, dtype: str) -> float:
         """Achieved FLOP/s for ``dtype`` (peak x efficiency)."""
@@ -159,14 +156,14 @@ class DeviceProfile(_Finite):
 
     @property
     def host_overhead_s(self) -> float:
-        return self.host_overhead_us * US
+        return us_to_s(self.host_overhead_us)
 
 
 Proto = Literal["LL", "LL128", "Simple"]
 
 
 class NcclParams(_Strict):
-    """How NCCL runs collectives on this fabric (see :mod:`oresearcher.sim.nccl`); per
+    """How NCCL runs collectives on this fabric (see :mod:`oresearcher.comm.nccl`); per
     protocol tables are keyed LL, LL128, Simple. Values come from NCCL's tuning.cc /
     enqueue.cc unless the profile's comment names a measurement."""
 
@@ -187,11 +184,19 @@ class NcclParams(_Strict):
     kernel_overhead_us: Micros = Field(description="per collective kernel, beyond the tuner's latency, microseconds")
     launch_us: Micros = Field(description="one kernel launch when one process drives all GPUs, microseconds")
     p2p_ll_threshold_bytes: int = Field(16384, ge=0, description="send/recv per peer up to this size use LL")
-    # NVLS (NVLink SHARP): an NVSwitch-3 fabric reduces in the switch (sim/nccl.py). Absent:
+    # NVLS (NVLink SHARP): an NVSwitch-3 fabric reduces in the switch (oresearcher/comm/nccl.py). Absent:
     # the fabric has no NVLS (A100's NVSwitch 2, PCIe).
     nvls_channels: Optional[int] = Field(None, ge=1, le=64, description="channels NCCL runs NVLS on "
                                          "(NCCL_NVLS_NCHANNELS); absent: no NVLS")
     nvls_latency_us: Micros = Field(0.0, description="NVLS start-up in NCCL's tuner table, microseconds")
+
+    @property
+    def kernel_overhead_s(self) -> float:
+        return us_to_s(self.kernel_overhead_us)
+
+    @property
+    def launch_s(self) -> float:
+        return us_to_s(self.launch_us)
 
 
 class NcclNetParams(_Finite):
@@ -229,23 +234,23 @@ class FabricProfile(_Finite):
     @property
     def bandwidth(self) -> float:
         """Achievable bytes/s per direction per port."""
-        return self.bandwidth_GBps * GB * self.efficiency
+        return GBps_to_Bps(self.bandwidth_GBps) * self.efficiency
 
     @property
     def shared_bandwidth(self) -> Optional[float]:
-        return None if self.shared_bandwidth_GBps is None else self.shared_bandwidth_GBps * GB * self.efficiency
+        return None if self.shared_bandwidth_GBps is None else GBps_to_Bps(self.shared_bandwidth_GBps) * self.efficiency
 
     @property
     def base_latency(self) -> float:
-        return self.base_latency_us * US
+        return us_to_s(self.base_latency_us)
 
     @property
     def hop_latency(self) -> float:
-        return self.hop_latency_us * US
+        return us_to_s(self.hop_latency_us)
 
     @property
     def call_overhead(self) -> float:
-        return self.call_overhead_us * US
+        return us_to_s(self.call_overhead_us)
 
 
 def _parse(doc, source: str):

@@ -61,6 +61,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from ..comm.units import ns_to_s, us_to_s
+
 FP32 = 4  # bytes: FSDP2 keeps the sharded parameters and gradients in fp32
 
 
@@ -99,10 +101,10 @@ class HostCosts:
     def of(cls, device, dtype: str) -> "HostCosts":
         bw = device.memory_bandwidth if device.memory_bandwidth_GBps is not None else None
         flat = device.compute_model == "flat"  # the roofline prices passes by their kernels
-        return cls(device.flops_per_s(dtype), bw, device.dtensor_param_step_us * 1e-6, device.streams,
-                   device.pass_flops_per_s if flat else None, device.optimizer_element_ns * 1e-9,
-                   device.fsdp_gather_param_us * 1e-6, device.fsdp_reduce_param_us * 1e-6,
-                   device.fsdp_unit_step_us * 1e-6)
+        return cls(device.flops_per_s(dtype), bw, us_to_s(device.dtensor_param_step_us), device.streams,
+                   device.pass_flops_per_s if flat else None, ns_to_s(device.optimizer_element_ns),
+                   us_to_s(device.fsdp_gather_param_us), us_to_s(device.fsdp_reduce_param_us),
+                   us_to_s(device.fsdp_unit_step_us))
 
     def passes(self, flops: float) -> float:
         """FLOPs to yield for a forward or backward of ``flops`` so that the engine, which

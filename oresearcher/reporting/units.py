@@ -7,7 +7,7 @@ GiB, MiB and KiB, whole where they are (8 B, 64 KiB, 1.5 MiB, 8 GiB).
 """
 from __future__ import annotations
 
-from ..hardware import GB, MB
+from ..comm.units import GB, MB
 
 
 def format_bytes(n: float, binary: bool = False) -> str:

@@ -47,7 +47,7 @@ class ClusterSpec(Strict):
         if self.nodes > 1 and not self.inter_node:
             raise ValueError("a cluster with more than one node needs cluster.inter_node")
         if self.network is not None:
-            from ..hardware.tiers import check_tiers
+            from ..comm.tiers import check_tiers
 
             why = check_tiers(self.network.kind, self.network.tiers, self.nodes)
             if why:

@@ -8,7 +8,7 @@ the link profile of those uplinks; the top tier joins the last listed tier's swi
 without blocking. ``kind: rail-optimised`` gives every NIC rail (local NIC k of every
 node) its own leaf in each group of nodes, as rail-optimised GPU clusters are cabled
 (NVIDIA DGX SuperPOD reference architecture): same-rail traffic stays in its leaf,
-cross-rail traffic climbs to the spine. Prices in :mod:`oresearcher.hardware.tiers`.
+cross-rail traffic climbs to the spine. Prices in :mod:`oresearcher.comm.tiers`.
 """
 from __future__ import annotations
 

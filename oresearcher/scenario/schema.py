@@ -24,7 +24,7 @@ from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from .cooperation import CooperationSpec, DistillSpec
 from ..errors import short
-from ..hardware import MB
+from ..comm.units import MB
 from .faults import FaultsSpec
 from .convergence import ConvergenceSpec
 from .cluster import ClusterSpec

@@ -1,5 +1,6 @@
 """The building blocks every section of a scenario shares: ranges, number types that refuse
-true/false, names, the strict base model, and the strategy and algorithm vocabularies.
+true/false, names, the strict base model, and the strategy and algorithm vocabularies (the
+algorithms' names are the communication room's, :data:`oresearcher.comm.ALGORITHM_CHOICES`).
 :mod:`oresearcher.scenario` assembles the sections; this module has no section of its own."""
 from __future__ import annotations
 
@@ -7,6 +8,9 @@ import re
 from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, PlainValidator
+
+# the collective algorithms a scenario may ask for: the communication room's names, and auto
+from ..comm import ALGORITHM_CHOICES as ALGORITHMS  # noqa: F401 (communication.algorithm's vocabulary)
 
 MAX_WORLD = 16384  # ranks (nodes x gpus_per_node, agents): the largest clusters trained on today
 MAX_STEPS = 10**7
@@ -55,7 +59,6 @@ def strategy_alias_error(name, flag: str = "strategy ") -> str | None:
         return None
     target, why = STRATEGY_ALIASES[name.lower()]
     return f"{flag}{name} maps to {target}: {why}; use {flag}{target}"
-ALGORITHMS = ("auto", "ring", "tree", "direct", "halving_doubling", "hierarchical")
 
 
 class Strict(BaseModel):

@@ -117,7 +117,7 @@ BAD_PROGRAMS = {  # op -> words every interpreter's ProgramError holds
 def test_the_same_mistake_is_the_same_error_in_every_interpreter(world1, case):
     from oresearcher.sim.engine import Engine
     from oresearcher.hardware import DeviceProfile, FabricProfile
-    from oresearcher.sim.topology import build_topology
+    from oresearcher.comm import build_topology
     from oresearcher.testing import run_programs
 
     make, words = BAD_PROGRAMS[case]

@@ -10,10 +10,11 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from oresearcher.backends import checkpoint as ckpt
-from oresearcher.codecs.wire import wire_bytes
+from oresearcher.comm.wire import wire_bytes
 from oresearcher.backends.launcher import describe_exit, from_environ, rank_env
 from oresearcher.backends.telemetry import step_scalars
-from oresearcher.calibrate import FabricFit, device_doc, fabric_doc, fit_fabric, fit_errors, profile_text, ring_terms
+from oresearcher.calibrate import FabricFit, device_doc, fabric_doc, fit_fabric, fit_errors, profile_text
+from oresearcher.comm.schedules import ring_terms
 from oresearcher.reporting.compare import compare, relative_error, worst_headline
 
 

@@ -4,7 +4,7 @@ import torch
 from oresearcher import ops as O
 from oresearcher.sim.engine import Engine
 from oresearcher.hardware import DeviceProfile, FabricProfile
-from oresearcher.sim.topology import build_topology
+from oresearcher.comm import build_topology
 
 # A made-up fabric with round numbers so golden times can be derived by hand.
 FABRIC = dict(kind="fabric", name="golden", topology="switch", bandwidth_GBps=100.0, efficiency=1.0,

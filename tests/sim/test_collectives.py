@@ -4,10 +4,10 @@ from oresearcher.sim.engine import Engine
 from hypothesis import given, settings, strategies as st
 
 from oresearcher import ops as O
-from oresearcher.sim import collectives as C
+from oresearcher import comm as C
 from oresearcher.sim.bench import collective_bench
 from oresearcher.hardware import builtin_profiles
-from oresearcher.sim.topology import build_topology
+from oresearcher.comm import build_topology
 
 from simkit import DEVICE, meta, time_one, topo
 

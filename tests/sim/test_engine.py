@@ -183,7 +183,7 @@ _coll = st.tuples(st.sampled_from(["AllReduce", "AllGather", "ReduceScatter", "A
 @settings(max_examples=150, deadline=None)
 @given(st.sampled_from(["switch", "pcie", "two-node"]), _coll, _coll, st.floats(0.0, 2e-3))
 def test_a_concurrent_collective_never_lets_a_collective_finish_earlier(kind, a, b, delay):
-    from oresearcher.sim.topology import build_topology
+    from oresearcher.comm import build_topology
     from simkit import fabric
 
     if kind == "switch":

@@ -11,7 +11,7 @@ from oresearcher import ops as O
 from oresearcher.programs.fsdp import FusionRound, Schedule
 from oresearcher.models.sharding import ShardPlan, Unit, shard_groups, shard_plan
 from oresearcher.sim.engine import Engine
-from oresearcher.sim.memory import estimate_fsdp_memory
+from oresearcher.sim.memory import FsdpSetup, estimate_fsdp_memory
 from oresearcher.models.workloads import measure_lm
 from simkit import DEVICE, meta, time_one, topo
 
@@ -124,7 +124,9 @@ def _memory(**kw):
     args = dict(params=GB, root_params=10**8, block_params=9 * 10**7, blocks=10, shard_size=8,
                 compute_dtype="bf16", reduce_fp32=False, optimizer="adamw", reshard_after_forward=True,
                 activation_bytes=GB, device_memory_bytes=80 * GB)
-    return estimate_fsdp_memory(**{**args, **kw})
+    args.update(kw)
+    run = {k: args.pop(k) for k in ("activation_bytes", "device_memory_bytes", "sam") if k in args}
+    return estimate_fsdp_memory(FsdpSetup(**args), **run)
 
 
 def test_memory_by_hand():

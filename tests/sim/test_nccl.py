@@ -9,12 +9,12 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from oresearcher import ops as O
-from oresearcher.sim import collectives as C
-from oresearcher.sim import nccl as N
+from oresearcher import comm as C
+from oresearcher.comm import nccl as N
 from oresearcher.sim.bench import REFERENCES, reference_check
 from oresearcher.sim.engine import Engine
 from oresearcher.hardware import builtin_profiles
-from oresearcher.sim.topology import build_topology
+from oresearcher.comm import build_topology
 
 from simkit import DEVICE, meta
 

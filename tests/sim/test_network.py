@@ -2,7 +2,8 @@
 import simpy
 from hypothesis import given, settings, strategies as st
 
-from oresearcher.sim.network import FlowNetwork, maxmin_rates
+from oresearcher.comm.maxmin import maxmin_rates
+from oresearcher.sim.network import FlowNetwork
 
 
 def run_flows(capacity, batches):

@@ -6,10 +6,10 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from oresearcher.scenario import load_scenario
-from oresearcher.sim import collectives as C
+from oresearcher import comm as C
 from oresearcher.hardware import builtin_profiles
 from oresearcher.sim.simulate import build_cluster
-from oresearcher.sim.topology import build_topology
+from oresearcher.comm import build_topology
 
 ROOT = Path(__file__).resolve().parents[2]
 CAT = builtin_profiles()

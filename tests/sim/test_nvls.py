@@ -3,7 +3,7 @@ it, its bandwidth bound, and the published H100 curve.
 
 Constants are those of oresearcher/hardware/profiles/nvswitch-h100.yaml: port 450 GB/s x 0.824 = 370.8 GB/s,
 16 NVLS channels, tuner latency 25 us, kernel overhead 7.7 us; NCCL's 5/6 NVLS derating and its
-chunk ladder live in sim/nccl.py.
+chunk ladder live in oresearcher/comm/nccl.py.
 """
 from pathlib import Path
 
@@ -12,12 +12,12 @@ from hypothesis import given, settings, strategies as st
 
 from oresearcher import ops as O
 from oresearcher.errors import UserError
-from oresearcher.sim import collectives as C
-from oresearcher.sim import nccl as N
+from oresearcher import comm as C
+from oresearcher.comm import nccl as N
 from oresearcher.sim.bench import bus_factor, collective_bench, read_reference, reference_check
 from oresearcher.sim.engine import Engine
 from oresearcher.hardware import builtin_profiles
-from oresearcher.sim.topology import build_topology
+from oresearcher.comm import build_topology
 
 from simkit import DEVICE, meta
 

@@ -1,4 +1,4 @@
-"""Multi-tier fat trees and rail-optimised networks (oresearcher/hardware/tiers.py): uplink capacities,
+"""Multi-tier fat trees and rail-optimised networks (oresearcher/comm/tiers.py): uplink capacities,
 routes and transfer times derived by hand, bad sections refused in one line."""
 import pytest
 from hypothesis import given, settings
@@ -8,8 +8,8 @@ from oresearcher import ops as O
 from oresearcher.errors import UserError
 from oresearcher.scenario import load_scenario
 from oresearcher.sim.simulate import build_cluster
-from oresearcher.hardware.tiers import Tier, uplink_capacities
-from oresearcher.sim.topology import build_topology
+from oresearcher.comm.tiers import Tier, uplink_capacities
+from oresearcher.comm import build_topology
 from simkit import fabric, meta, time_one
 
 MiB = 2**20

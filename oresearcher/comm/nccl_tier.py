@@ -1,79 +1,30 @@
-"""Pricing collectives on the modelled network: the closed-form tier and the plans the
-event-driven engine follows.
+"""The NCCL-derived tier: collectives priced as NCCL runs them, on fabrics whose profile
+has an ``nccl`` section.
 
-The schedules (which rank sends what to whom, in how many steps) are pure and live in
-:mod:`oresearcher.codecs.wire`; here a schedule's phases cost ``steps x hop latency`` and then
-the time the network needs to move their flows (alpha-beta), or, on a fabric with an
-NCCL model, what :mod:`.nccl` says NCCL's algorithm and protocol cost.
+:mod:`.nccl` holds the tuner's math (algorithm x protocol, channels, latency, launch);
+this module lays the chosen algorithm's flows on the topology: rings and trees split
+over channels that leave each node through its NICs (rail aligned), NVLS and NVLS-tree
+through the switch, point-to-point for all-to-all and send/recv. The flows are timed at
+the choice's bandwidth factor, after its latency, and never faster than the host can
+launch calls (:func:`.nccl.host_floor`).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from oresearcher.codecs.wire import (  # noqa: F401 (re-exported: the simulator's vocabulary)
-    ALGORITHMS, DIRECT_MAX_RANKS, SUPPORTED, Phase, ranks_by_node, tree_edges, phases, ring_bytes_per_rank,
-    wire_bytes_by_rank, wire_bytes_per_rank)
-
 from . import nccl as N
-from .network import maxmin_rates
+from .plan import Plan
+from .schedules import Phase, phases, ranks_by_node, ring_bytes_per_rank, tree_edges
 
 
-def phase_latency(phase: Phase, topo) -> float:
-    return phase.steps * max(topo.hop_latency(s, d) for s, d, _ in phase.flows)
-
-
-def phase_transfer_time(phase: Phase, topo) -> float:
-    """Time to move the phase's flows alone on the network (max-min fair rates)."""
-    live = [(topo.route(s, d), b) for s, d, b in phase.flows if b > 0 and s != d]
-    if not live:
-        return 0.0
-    rates = maxmin_rates([r for r, _ in live], topo.capacity)
-    return max(b / r for (_, b), r in zip(live, rates))
-
-
-def fixed_cost(kind: str, ranks, topo) -> float:
-    """Per-call host overhead plus per-collective base latency of the fabric used."""
-    proto = topo.protocol(ranks)
-    if kind == "SendRecv":
-        return proto.call_overhead
-    return proto.call_overhead + proto.base_latency
-
-
-@dataclass(frozen=True)
-class Plan:
-    """How one collective runs: what the engine and the closed form both follow.
-
-    ``fixed`` seconds first, then each phase (its latency, then its flows; ``timing``
-    holds the flows with the bytes that set their duration, ``phases`` the bytes that
-    cross the wire), and the call never takes less than ``floor`` seconds in all."""
-    label: str
-    fixed: float
-    phases: tuple  # of Phase, payload bytes
-    timing: tuple  # of (latency seconds, Phase with timing bytes)
-    floor: float = 0.0
-
-
-def _nccl_applies(kind, requested, topo) -> bool:
+def applies(kind: str, requested: str, topo) -> bool:
+    """Where the fabric has an NCCL model: what NCCL runs (its point-to-point path for
+    all-to-all and send/recv, ring or tree for the rest); other algorithms go to the
+    analytical tier."""
     if topo.intra.nccl is None:
         return False
     if kind in ("AllToAll", "SendRecv"):  # NCCL's point-to-point path, whatever was asked
         return True
     return requested in ("auto", "ring", "tree") and kind in (
         "AllReduce", "ReduceScatter", "AllGather", "Broadcast", "Barrier")
-
-
-def plan(kind: str, ranks: tuple, nbytes: float, topo, requested: str = "auto", root=None) -> Plan:
-    """The plan of one collective: NCCL's protocol model where the fabric has one
-    (:mod:`.nccl`), else the alpha-beta algorithms of this module."""
-    if len(ranks) <= 1:
-        return Plan("ring", 0.0, (), ())
-    if kind == "ReduceScatter" and topo.protocol(ranks).reduce_scatter == "all_reduce":
-        kind = "AllReduce"  # gloo: an all-reduce of the whole input (FabricProfile.reduce_scatter)
-    if _nccl_applies(kind, requested, topo):
-        return _nccl_plan("AllReduce" if kind == "Barrier" else kind, ranks, float(nbytes), topo, requested, root)
-    algo = choose_algorithm(kind, ranks, nbytes, topo, requested)
-    ph = phases(kind, algo, ranks, nbytes, topo.node_of, root)
-    return Plan(algo, fixed_cost(kind, ranks, topo), tuple(ph), tuple((phase_latency(p, topo), p) for p in ph))
 
 
 def _nccl_net(topo, crosses: bool):
@@ -90,7 +41,7 @@ def _nccl_result(c, ph, topo, local_gpus: int) -> Plan:
     """The plan of an NCCL choice ``c`` over payload phases ``ph``: flows timed at its
     bandwidth factor, its latency first, and the host's launch floor for ``local_gpus``."""
     timing = tuple((0.0, Phase(tuple((s, d, b / c.bw_factor) for s, d, b in q.flows), q.steps)) for q in ph)
-    floor = N.host_floor(topo.launch, local_gpus, topo.intra.call_overhead, topo.intra.nccl.launch_us * 1e-6)
+    floor = N.host_floor(topo.launch, local_gpus, topo.intra.call_overhead, topo.intra.nccl.launch_s)
     return Plan(c.label, c.latency, tuple(ph), timing, floor)
 
 
@@ -109,7 +60,9 @@ def _nccl_p2p_plan(kind, ranks, S, topo) -> Plan:
     return _nccl_result(c, ph, topo, local)
 
 
-def _nccl_plan(kind, ranks, S, topo, requested, root) -> Plan:
+def plan(kind: str, ranks: tuple, nbytes: float, topo, requested: str = "auto", root=None) -> Plan:
+    """The plan of the (algorithm, protocol) NCCL's tuner picks (:func:`.nccl.choose`)."""
+    kind, S = ("AllReduce" if kind == "Barrier" else kind), float(nbytes)
     if kind in ("AllToAll", "SendRecv"):
         return _nccl_p2p_plan(kind, ranks, S, topo)
     p = topo.intra.nccl
@@ -191,39 +144,3 @@ def _rail_phases(kind, algo, ranks, S, groups, rails, root):
             per = ring_bytes_per_rank(kind, S, n) / rails
             flows += [(order[i], order[(i + 1) % n], per) for i in range(n)]
     return [Phase(tuple(flows), 1)]
-
-
-def plan_time(pl: Plan, topo) -> float:
-    """Time of a plan alone on an idle network."""
-    t = pl.fixed + sum(lat + phase_transfer_time(p, topo) for lat, p in pl.timing)
-    return max(t, pl.floor)
-
-
-def closed_form_time(kind: str, algorithm: str, ranks: tuple, nbytes: float, topo, root=None) -> float:
-    """Time of one collective alone on an idle network (the closed-form tier)."""
-    if len(ranks) <= 1:
-        return 0.0
-    if _nccl_applies(kind, algorithm, topo):
-        return plan_time(plan(kind, ranks, nbytes, topo, algorithm, root), topo)
-    ph = phases(kind, algorithm, ranks, nbytes, topo.node_of, root)
-    return fixed_cost(kind, ranks, topo) + sum(phase_latency(p, topo) + phase_transfer_time(p, topo) for p in ph)
-
-
-def choose_algorithm(kind: str, ranks: tuple, nbytes: float, topo, requested: str = "auto") -> str:
-    """``requested`` if it applies, else the fastest supported algorithm on an idle network."""
-    if requested != "auto":
-        return requested if requested in SUPPORTED[kind] else SUPPORTED[kind][0]
-    memo = topo._auto
-    key = (kind, ranks, float(nbytes))
-    best = memo.get(key)
-    if best is None:
-        candidates = [a for a in SUPPORTED[kind]
-                      if not (a == "direct" and len(ranks) > DIRECT_MAX_RANKS and kind != "AllToAll")]
-        best = memo[key] = min(
-            candidates, key=lambda a: (_alpha_beta_time(kind, a, ranks, nbytes, topo), SUPPORTED[kind].index(a)))
-    return best
-
-
-def _alpha_beta_time(kind, algorithm, ranks, nbytes, topo):
-    ph = phases(kind, algorithm, ranks, nbytes, topo.node_of)
-    return fixed_cost(kind, ranks, topo) + sum(phase_latency(p, topo) + phase_transfer_time(p, topo) for p in ph)

@@ -1,10 +1,10 @@
-"""Collective schedules and wire bytes: the one place the ring/tree/all-pairs formulas live.
+"""Collective schedules: the one place the ring, tree, all-pairs, halving-doubling and
+hierarchical formulas live.
 
-Pure math on rank ids and byte counts (no SimPy, no torch.distributed): the simulator
-prices these schedules (:mod:`oresearcher.sim.collectives`), the real backend counts
-wire bytes with :func:`wire_bytes_per_rank`, calibration fits :func:`ring_terms`, the
-codecs' exchanges use :func:`ring_bytes_per_rank`, and nccl-tests' bus bandwidth uses
-:func:`bus_factor`.
+Pure math on rank ids and byte counts (no SimPy, no torch.distributed): the tiers of
+:mod:`oresearcher.comm` price these schedules, :mod:`.wire` counts their wire bytes,
+calibration fits :func:`ring_terms`, the codecs' exchanges use :func:`ring_bytes_per_rank`,
+and nccl-tests' bus bandwidth uses :func:`bus_factor`.
 
 A collective over ``ranks`` with per-rank payload ``nbytes`` becomes a list of
 :class:`Phase`. A phase is a set of flows that run at the same time plus the number of
@@ -22,20 +22,27 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+KINDS = ("AllReduce", "AllGather", "ReduceScatter", "Broadcast", "AllToAll")  # the ring model's
+
 
 def ring_steps(kind: str, n: int) -> int:
     """Sequential steps of the ring algorithm for ``kind`` on ``n`` ranks."""
     return 2 * (n - 1) if kind == "AllReduce" else n - 1
 
 
+def ring_share(kind: str, n: int) -> float:
+    """The peer term: the share of the whole buffer each rank sends in a ring, 2(n-1)/n for
+    an all-reduce (reduce-scatter then all-gather), (n-1)/n for the others: every rank
+    keeps its own 1/n."""
+    return 2 * (n - 1) / n if kind == "AllReduce" else (n - 1) / n
+
+
 def ring_bytes_per_rank(kind: str, nbytes: float, n: int) -> float:
     """Bytes each rank sends in the ring algorithm (payload convention above)."""
     if n <= 1:
         return 0.0
-    if kind == "AllReduce":
-        return 2 * (n - 1) / n * nbytes
-    if kind == "ReduceScatter":
-        return (n - 1) / n * nbytes
+    if kind in ("AllReduce", "ReduceScatter"):
+        return ring_share(kind, n) * nbytes
     if kind == "AllGather":
         return (n - 1) * nbytes
     if kind == "Broadcast":
@@ -46,26 +53,34 @@ def ring_bytes_per_rank(kind: str, nbytes: float, n: int) -> float:
 def bus_factor(kind: str, n: int) -> float:
     """nccl-tests' busbw / algbw for ``kind`` (doc/PERFORMANCE.md): the share of the whole
     buffer that crosses each rank's link."""
-    if kind == "AllReduce":
-        return 2 * (n - 1) / n
-    if kind == "Broadcast":
-        return 1.0
-    return (n - 1) / n
+    return 1.0 if kind == "Broadcast" else ring_share(kind, n)
 
 
 def ring_terms(kind: str, n: int) -> tuple[float, float]:
-    """(steps, bytes sent per byte of the whole buffer) of the ring for ``kind``."""
+    """(steps, bytes sent per byte of the whole buffer) of the ring for ``kind``: what the
+    calibration fits its latency and bandwidth to (a broadcast counted as (n-1)/n, as the
+    shipped calibrated profiles were fitted)."""
     if n <= 1:
         return 0.0, 0.0
-    if kind not in ("AllReduce", "AllGather", "ReduceScatter", "Broadcast", "AllToAll"):
+    if kind not in KINDS:
         raise ValueError(f"no ring model for {kind}")
-    return float(ring_steps(kind, n)), (2.0 if kind == "AllReduce" else 1.0) * (n - 1) / n
+    return float(ring_steps(kind, n)), float(ring_share(kind, n))
+
+
+def ring_time(kind: str, nbytes: float, n: int, fixed_s: float, hop_s: float, bandwidth_Bps: float) -> float:
+    """The ring's alpha-beta time on a uniform link: ``fixed + steps x hop + share x S / bw``
+    (:func:`ring_terms`; ``nbytes`` the whole buffer): the calibration's model."""
+    hops, factor = ring_terms(kind, n)
+    return fixed_s + hops * hop_s + factor * nbytes / bandwidth_Bps
 
 
 # 'auto' considers all-pairs ("direct") algorithms only up to this group size: one
 # NVSwitch domain. Beyond it they mean n^2 flows, which no library uses at scale.
 DIRECT_MAX_RANKS = 16
+# The schedules this module lays out; a scenario asks for one of them or for "auto"
+# (the fastest on an idle network, or NCCL's tuner where the fabric has an NCCL model).
 ALGORITHMS = ("ring", "tree", "direct", "halving_doubling", "hierarchical")
+ALGORITHM_CHOICES = ("auto", *ALGORITHMS)
 SUPPORTED = {
     "AllReduce": ALGORITHMS,
     "ReduceScatter": ("ring", "direct", "halving_doubling", "hierarchical"),
@@ -227,26 +242,3 @@ def _hier_broadcast(ranks, S, node_of, root):
     first = tuple((root, ld, S) for nd, ld in leaders.items() if ld != root)
     second = tuple((leaders[nd], r, S) for nd, rs in nodes.items() for r in rs if r != leaders[nd])
     return [p for p in (Phase(first, 1) if first else None, Phase(second, 1) if second else None) if p]
-
-
-def wire_bytes_by_rank(phase_list) -> dict:
-    """Bytes each rank sends over all phases."""
-    out = {}
-    for p in phase_list:
-        for s, _, b in p.flows:
-            out[s] = out.get(s, 0.0) + b
-    return out
-
-
-def wire_bytes_per_rank(kind: str, algorithm: str, nbytes: float, n: int) -> float:
-    """Mean bytes one rank sends for a collective on ``n`` ranks of one node."""
-    ranks = tuple(range(n))
-    ph = phases(kind, algorithm if algorithm != "auto" else "ring", ranks, nbytes, [0] * n)
-    return sum(wire_bytes_by_rank(ph).values()) / n
-
-
-def wire_bytes(kind: str, algorithm: str, nbytes: int, n: int) -> int:
-    """Bytes one rank sends, whole: what the real backend records for a collective, by the
-    simulator's formula (:func:`wire_bytes_per_rank`), so prediction and measurement count
-    wire bytes by one definition (``nbytes`` as :func:`oresearcher.ops.payload_bytes`)."""
-    return int(wire_bytes_per_rank(kind, algorithm, nbytes, n)) if n > 1 else 0

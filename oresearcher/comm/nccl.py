@@ -1,6 +1,6 @@
 """How NCCL moves a collective: algorithm x protocol, channels, latency, launch (pure math).
 
-The alpha-beta model (:mod:`.collectives`) prices a collective from link bandwidth and a
+The alpha-beta tier (:mod:`.alpha_beta`) prices a collective from link bandwidth and a
 latency per algorithm step. NCCL is not that simple in the range where gradient buckets
 live (64 KiB - 32 MiB), and this module adds what it does, from its public source
 (``src/graph/tuning.cc`` and ``src/enqueue.cc``, NCCL 2.8-2.18):
@@ -29,6 +29,11 @@ and channel rates, launch and kernel costs, tree caps) is in the fabric profile 
 source; what NCCL's tuner applies on every machine alike (LL's 1/4 of the link, LL128's
 120/128, the tree's 0.9, the ring plateau's x1.9) is part of its algorithm and stays
 here, next to the tuning.cc line it comes from.
+
+Units: the profile's tables are in tuning.cc's units, microseconds and GB/s. A latency is
+summed in the table's microseconds and leaves a function in seconds through
+:func:`~.units.us_to_s`; a channel or cap rate becomes bytes/s through
+:func:`~.units.GBps_to_Bps` where it is read (SI everywhere else).
 
 - **NVLS** (NVLink SHARP, NVSwitch 3 on HGX H100/H200): the switch reduces. Each GPU
   scatters its buffer into the switch's multicast memory; one rank per slice (a *head*)
@@ -61,8 +66,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from oresearcher.codecs import wire
-from oresearcher.hardware import US
+from . import schedules
+from .units import GBps_to_Bps, us_to_s
 
 PROTOCOLS = ("LL", "LL128", "Simple")
 # NVLS: the tuner's derating of the links' rate (tuning.cc, "ratio *= 5.0/6.0"), the
@@ -90,9 +95,9 @@ class Choice:
         return f"{self.algorithm}/{self.protocol}"
 
 
-def ring_steps(kind: str, n: int, nodes: int) -> tuple[int, int]:
+def ring_hops(kind: str, n: int, nodes: int) -> tuple[int, int]:
     """(algorithm steps, of which cross a node boundary) of a ring (tuning.cc)."""
-    return wire.ring_steps(kind, n), wire.ring_steps(kind, nodes)
+    return schedules.ring_steps(kind, n), schedules.ring_steps(kind, nodes)
 
 
 def channels_used(nbytes: float, proto: str, nranks: int, p) -> tuple[int, int]:
@@ -134,10 +139,10 @@ def bandwidth(kind: str, algo: str, proto: str, nbytes: float, n: int, nodes: in
     below ``saturating_threads`` it slows in proportion); trees at most their cap."""
     links = link_Bps * protocol_fraction(kind, algo, proto, nodes, n // nodes, nbytes, p)
     if algo == "tree":
-        links = min(links, p.tree_busbw_cap_GBps[proto] * 1e9)
+        links = min(links, GBps_to_Bps(p.tree_busbw_cap_GBps[proto]))
     if tuner:  # what NCCL's tuner assumes: every channel, its per-channel ceilings
-        return min(links, p.channels * p.tuner_channel_GBps[proto] * 1e9)
-    blocks = nc * p.channel_GBps[proto] * 1e9 * min(1.0, nt / p.saturating_threads)
+        return min(links, GBps_to_Bps(p.channels * p.tuner_channel_GBps[proto]))
+    blocks = GBps_to_Bps(nc * p.channel_GBps[proto]) * min(1.0, nt / p.saturating_threads)
     return min(links, blocks)
 
 
@@ -156,14 +161,14 @@ def latency(kind: str, algo: str, proto: str, n: int, nodes: int, p, net=None, n
     if nodes > 1:
         inter = (net.ring_hop_latency_us if algo == "ring" else net.tree_hop_latency_us)[proto]
     if algo == "ring":
-        steps, cross = ring_steps(kind, n, nodes)
+        steps, cross = ring_hops(kind, n, nodes)
         local, net_part = p.base_latency_us[proto] + (steps - cross) * intra, cross * inter
         if proto == "Simple" and nodes > 1 and kind == "AllReduce" and nbytes >= n / 16 * 65536:
             local, net_part = local * 1.9, net_part * 1.9  # "plateau effect of ring" (tuning.cc)
     else:
         local = p.tree_base_latency_us[proto] + 2 * (n // nodes - 1) * intra
         net_part = 2 * math.log2(nodes) * inter
-    return (local + net_part + (0.0 if tuner else p.kernel_overhead_us)) * US
+    return us_to_s(local + net_part + (0.0 if tuner else p.kernel_overhead_us))
 
 
 def candidates(kind: str, nodes: int, p=None, net=None) -> tuple[str, ...]:
@@ -214,10 +219,10 @@ def _nvls_estimate(algo: str, nbytes: float, n: int, nodes: int, link_Bps: float
     lat = p.nvls_latency_us
     if algo == "nvls_tree":
         lat += 2 * math.log2(nodes) * net.nvls_tree_hop_latency_us
-    lat *= US
+    lat = us_to_s(lat)
     if not tuner:
         # the fill is the node's NVLS pipeline, timed at the collective's link rate
-        lat += p.kernel_overhead_us * US + nvls_fill(nbytes, n // nodes, link_Bps, p, algo)
+        lat += p.kernel_overhead_s + nvls_fill(nbytes, n // nodes, link_Bps, p, algo)
     return Choice(algo, "Simple", p.nvls_channels, p.threads["Simple"], lat, NVLS_EFFICIENCY)
 
 
@@ -242,7 +247,7 @@ def bus_bytes(kind: str, algo: str, nbytes: float, n: int, nodes: int = 1) -> fl
         return (n + 1) / n * nbytes  # the whole buffer scattered in, plus the slice this rank heads
     if algo == "nvls_tree":  # through a node's NICs each way: the buffer (two nodes), twice past two
         return nbytes if nodes <= 2 else 2.0 * nbytes
-    return wire.bus_factor(kind, n) * nbytes
+    return schedules.bus_factor(kind, n) * nbytes
 
 
 def predicted_time(c: Choice, kind: str, nbytes: float, n: int, busbw_Bps: float, nodes: int = 1) -> float:
@@ -270,10 +275,10 @@ def p2p(per_peer_bytes: float, p, net=None, link_Bps: float = 0.0) -> Choice:
     against a published sendrecv_perf / alltoall_perf curve."""
     proto = "LL" if per_peer_bytes <= p.p2p_ll_threshold_bytes else "Simple"
     hop = net.ring_hop_latency_us[proto] if net is not None else p.ring_hop_latency_us[proto]
-    lat = (p.kernel_overhead_us + p.base_latency_us[proto] + hop) * US
+    lat = us_to_s(p.kernel_overhead_us + p.base_latency_us[proto] + hop)
     frac = 0.5 if proto == "LL" else 1.0
     if link_Bps > 0:
-        frac = min(frac, p.channels * p.channel_GBps[proto] * 1e9 / link_Bps)
+        frac = min(frac, GBps_to_Bps(p.channels * p.channel_GBps[proto]) / link_Bps)
     return Choice("p2p", proto, p.channels, p.threads[proto], lat, frac)
 
 

@@ -22,15 +22,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from ..hardware import FabricProfile
+from .tiers import TierNetwork
 
 
 @dataclass
 class Topology:
     world_size: int
     gpus_per_node: int
-    intra: FabricProfile
-    inter: Optional[FabricProfile] = None
+    intra: "FabricProfile"  # oresearcher.hardware's, SI properties (bandwidth, hop_latency, ...)
+    inter: Optional["FabricProfile"] = None
     nics_per_node: int = 1
     launch: str = "per-process"  # NCCL host side: one process per GPU, or one driving all ("single-process")
     network: Optional[tuple] = None  # (kind, [tiers.Tier]) switches between the NICs; None: one flat switch
@@ -56,10 +56,8 @@ class Topology:
                 for k in range(self.nics_per_node):
                     self.nic_up[n, k] = self._link(f"n{n}.nic{k}.up", self.inter.bandwidth)
                     self.nic_down[n, k] = self._link(f"n{n}.nic{k}.down", self.inter.bandwidth)
-        self.switches = None  # oresearcher/hardware/tiers.py: multi-tier fat tree or rail-optimised network
+        self.switches = None  # .tiers: multi-tier fat tree or rail-optimised network
         if self.network is not None and self.nodes > 1:
-            from ..hardware.tiers import TierNetwork
-
             self.switches = TierNetwork(*self.network, self._link, self.nodes, self.nics_per_node)
 
     def _link(self, name: str, capacity: float) -> int:
@@ -120,15 +118,15 @@ class Topology:
             bw = min(bw, self.nics_reached(ranks) * self.inter.bandwidth)
         return bw
 
-    def protocol(self, ranks) -> FabricProfile:
+    def protocol(self, ranks) -> "FabricProfile":
         """The fabric whose protocol costs a collective over ``ranks`` pays."""
         if self.inter is not None and len({self.node_of[r] for r in ranks}) > 1:
             return self.inter
         return self.intra
 
 
-def build_topology(world_size: int, gpus_per_node: int, intra: FabricProfile,
-                   inter: Optional[FabricProfile] = None, nics_per_node: int = 1,
+def build_topology(world_size: int, gpus_per_node: int, intra: "FabricProfile",
+                   inter: Optional["FabricProfile"] = None, nics_per_node: int = 1,
                    launch: str = "per-process", network: Optional[tuple] = None) -> Topology:
     if launch not in ("per-process", "single-process"):
         raise ValueError(f"launch must be per-process or single-process, got {launch!r}")
