@@ -88,7 +88,7 @@ def deployed(learner, scenario, opts, tl: Timeline) -> dict:
     ``--export`` (the student, else the fused model: oresearcher.cooperation.deploy)."""
     more = distilled(learner, scenario, opts)
     result = getattr(learner, "cooperative_result", None)
-    finance, export = scenario.workload.task == "finance", opts.export is not None and "distill" not in more
+    finance, export = scenario.task.single_model_comparison, opts.export is not None and "distill" not in more
     if result is None or not (finance or export):
         return more
     from oresearcher.cooperation import deploy

@@ -92,7 +92,7 @@ def load_factory(spec: str):
 def build_learner(scenario, rank: int, device, spec: Optional[str]):
     if spec:
         return load_factory(spec)(scenario, rank, mode="real", device=device)
-    if scenario.training.strategy == "fsdp":  # torch's fully_shard per block (backends/fsdp.py)
+    if scenario.strategy.shards:  # torch's fully_shard per block (backends/fsdp.py)
         from .fsdp import make_learner as make_fsdp_learner
 
         return make_fsdp_learner(scenario, rank, scenario.world_size, device)

@@ -52,7 +52,7 @@ log = logging.getLogger(__name__)
 def agent_roles(scenario) -> Optional[list[str]]:
     """The role of each sharded agent (fixed for the run), or None: every agent trains plainly."""
     mix = scenario.agents.roles
-    if (scenario.training.strategy != "fsdp" or scenario.fsdp.replicas != "fusion" or mix is None
+    if (not scenario.strategy.sharded_agents(scenario) or mix is None
             or scenario.cooperation.roles.policy == "plain"):
         return None
     return ["explorer"] * mix.explorer + ["optimizer"] * mix.optimizer + ["validator"] * mix.validator

@@ -74,7 +74,7 @@ def program(ctx, learner):
         result = yield from _final_agents(ctx, learner, final, count)
     if distilling and getattr(learner, "cooperative_result", None):
         yield from _counted(distill(ctx, learner, count["last_step"] + 1, count), count)
-    elif ctx.scenario.distill.student and not ctx.numeric and ctx.scenario.workload.task == "synthetic-lm":
+    elif ctx.scenario.distill.student and not ctx.numeric and ctx.scenario.task.shape_mode:
         yield from distill_shape(ctx, learner, count["last_step"] + 1)
     return result
 

@@ -58,7 +58,7 @@ def policy(scenario) -> str:
     chosen = scenario.training.on_divergence
     if chosen is not None:
         return chosen
-    return "skip" if scenario.training.strategy == "oresearcher" else "stop"
+    return scenario.strategy.on_divergence
 
 
 def non_finite(tensors) -> bool:

@@ -41,7 +41,6 @@ if TYPE_CHECKING:
 else:  # parsed once, here: a CodecSpec inside, its text in dumps (reports, saved scenarios)
     CodecField = Annotated[Any, PlainValidator(_codec_spec), PlainSerializer(str, return_type=str)]
 
-STRATEGIES = ("oresearcher", "ddp", "local_sgd", "diloco", "single", "fsdp")
 # asked for by name, answered by another strategy: (strategy, why)
 STRATEGY_ALIASES = {
     "colossalai": ("fsdp", "ColossalAI pins torch <= 2.5.1 and cannot be installed beside this torch; "

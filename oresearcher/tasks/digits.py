@@ -54,6 +54,7 @@ from .datacache import cached_arrays
 from ..errors import UserError
 from . import agent_model
 from .supervised import ShuffledBatches, expected_calibration_error
+from .spec import Task
 from ..models.learner import DTYPES, TorchLearner
 from .rewards import overconfident_error_safety, shaped_loss
 from ..models.workloads import measure_module
@@ -357,3 +358,7 @@ def make_learner(scenario, rank: int, *, mode: str, device="cpu") -> DigitsLearn
     w = scenario.workload
     return DigitsLearner(arch, scenario.seed, rank, batch, scenario.training.lr, w.optimizer,
                          DTYPES[w.dtype], scenario.communication.bucket_bytes, device)
+
+
+TASK = Task(name="digits", make_learner=make_learner, models=MODELS, build_model=build_model,
+            preprocessing=lambda arch: PREPROCESSING, n_classes=N_CLASSES, replay="samples")

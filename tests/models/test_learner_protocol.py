@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from oresearcher import ops as O
-from oresearcher.programs import _PROGRAMS, get_program
+from oresearcher.programs import get_program
+from oresearcher.strategies import STRATEGIES
 from oresearcher.models.learner import Learner, ShapeLearner
 from oresearcher.scenario import load_scenario
 from oresearcher.tasks import TASKS, make_learner
@@ -32,7 +33,7 @@ def test_a_shape_learner_is_one_and_an_object_missing_a_member_is_not():
     assert not isinstance(NoStep(), Learner)  # optimizer_step missing
 
 
-@pytest.mark.parametrize("strategy", sorted(_PROGRAMS))
+@pytest.mark.parametrize("strategy", sorted(STRATEGIES))
 def test_every_strategy_is_a_program_function(strategy):
     fn = get_program(strategy)
     assert list(inspect.signature(fn).parameters)[:2] == ["ctx", "learner"]
