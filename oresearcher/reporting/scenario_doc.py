@@ -24,6 +24,8 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
+from ..scenario.types import TASK_OPTIONS
+
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "scenario-reference.md"
 
@@ -115,7 +117,7 @@ def section(path: str, model: type[BaseModel]) -> list[str]:
         lines += [" ".join(inspect.cleandoc(doc).split()), ""]
     lines += ["| field | type and range | default | what it is |", "|---|---|---|---|"]
     for name, field in model.model_fields.items():
-        kind = type_name(field.annotation)
+        kind = TASK_OPTIONS if TASK_OPTIONS in field.metadata else type_name(field.annotation)
         bounds = _bounds(field.metadata)
         if bounds:
             kind = f"{kind} ({bounds})"

@@ -18,7 +18,7 @@ the code is seconds, bytes, bytes/s and FLOP/s.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal, Optional
+from typing import TYPE_CHECKING, Annotated, Literal, Optional
 
 from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
 
@@ -32,7 +32,7 @@ from .fsdp import check_role_mix
 from .finance import FinanceSpec
 from .types import (
     ALGORITHMS, MAX_BATCH, MAX_SEED, MAX_SEQ, MAX_STEPS, MAX_WORLD, SLUG, CodecField, Float, Int, Name,
-    Strict, strategy_alias_error)
+    Strict, TaskOptions, strategy_alias_error)
 
 if TYPE_CHECKING:
     from ..strategies import Strategy
@@ -50,8 +50,9 @@ class WorkloadSpec(Strict):
     dtype: Literal["fp32", "bf16", "fp16"] = Field("bf16", description="compute and gradient dtype")
     optimizer: Literal["adamw", "sgd"] = "adamw"
     activation_checkpointing: bool = False
-    options: Any = Field(default_factory=dict, description="the task's own settings, checked against the options "
-                         "model its Task declares (oresearcher.tasks.spec); a task without one takes none")
+    options: TaskOptions = Field(default_factory=dict, validate_default=True,
+                                 description="the task's own settings, checked against the options model its "
+                                 "Task declares (oresearcher.tasks.spec); a task without one takes none")
 
     @field_validator("task")
     @classmethod

@@ -36,6 +36,10 @@ def _codec_spec(v):
     return parse(v)  # ValueError names the bad part
 
 
+# workload.options: a mapping in the file, the task's own options model once validated (its Task declares it)
+TASK_OPTIONS = "mapping (the task's options)"  # how the scenario reference names its type
+TaskOptions = Annotated[Any, TASK_OPTIONS]
+
 if TYPE_CHECKING:
     from ..codecs.spec import CodecSpec as CodecField
 else:  # parsed once, here: a CodecSpec inside, its text in dumps (reports, saved scenarios)
