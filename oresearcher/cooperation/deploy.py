@@ -12,7 +12,6 @@ architecture, into ``DIR/<architecture>``. Each loads with
 """
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -62,22 +61,13 @@ def fused_modules(scenario, result: dict) -> dict:
     return out
 
 
-def preprocessing(task_module, arch: str) -> dict:
-    """The task's description of its inputs: ``preprocessing(arch)`` where inputs differ by
-    architecture (finance), else its ``PREPROCESSING``."""
-    if hasattr(task_module, "preprocessing"):
-        return task_module.preprocessing(arch)
-    return dict(getattr(task_module, "PREPROCESSING", {}))
-
-
 def save(directory, module: "torch.nn.Module", scenario, arch: str, metrics: dict | None = None) -> Path:
     """One model of ``scenario``'s task into ``directory`` (oresearcher.export)."""
     from ..tasks import export as X
-    from ..tasks import TASKS
 
-    task = importlib.import_module(TASKS[scenario.workload.task])
-    return X.save_model(directory, module, task=scenario.workload.task, architecture=arch,
-                        preprocessing=preprocessing(task, arch), n_classes=X.classes_of(task, module),
+    task = scenario.task
+    return X.save_model(directory, module, task=task.name, architecture=arch,
+                        preprocessing=task.inputs(arch), n_classes=X.classes_of(task, module),
                         metrics=metrics, scenario=scenario.name)
 
 

@@ -42,6 +42,7 @@ from typing import Optional
 
 import torch
 
+from ..models.sharding import local_part
 from ..ops import AllReduce, Compute
 from ..seeds import RANK, STREAM, derive
 from .roles import ROLE_CODES, assign_roles, difficulty, param_noise
@@ -66,7 +67,7 @@ def noise_generator(seed: int, rnd: int, rank: int) -> torch.Generator:
 # ---- the math on this rank's shards (real runs) ------------------------------------------
 
 def _local(tensors) -> list[torch.Tensor]:
-    return [t.to_local() if hasattr(t, "to_local") else t for t in tensors]
+    return [local_part(t) for t in tensors]
 
 
 @torch.no_grad()

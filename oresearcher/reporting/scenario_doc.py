@@ -18,7 +18,7 @@ import json
 import sys
 import types
 from pathlib import Path
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
@@ -82,7 +82,7 @@ def type_name(annotation) -> str:
         return f"list of {len(args)}: " + ", ".join(type_name(a) for a in args)
     if origin is dict:
         return f"mapping of {type_name(args[0])} to {type_name(args[1])}"
-    if args and hasattr(annotation, "__metadata__"):  # Annotated[X, constraints...]
+    if origin is Annotated:  # Annotated[X, constraints...]
         inner, bounds = type_name(args[0]), _bounds(annotation.__metadata__)
         return f"{inner} ({bounds})" if bounds else inner
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
