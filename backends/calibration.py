@@ -112,8 +112,8 @@ def measure_call_overhead(device, repeats: int = 200) -> float:
 
 def workload_sizes(learner) -> list[int]:
     """Bytes of the learner's gradient buckets and of its flat parameters."""
-    item = torch.empty((), dtype=getattr(learner, "dtype", torch.float32)).element_size()
-    return sorted({int(b) * item for b in getattr(learner, "buckets", ())} | {int(learner.numel) * item})
+    item = torch.empty((), dtype=learner.dtype).element_size()
+    return sorted({int(b) * item for b in learner.buckets} | {int(learner.numel) * item})
 
 
 class _OpLog:
@@ -266,7 +266,7 @@ def steps_per_report(scenario) -> int:
     (``communication.interval``) where several agents share a rank, which reports once a
     round; else 1. The run is timed per report, so warm-up and timed counts are reports."""
     sc = scenario
-    if sc.training.strategy == "oresearcher" and sc.cooperation.allocation.agents_per_device > 1:
+    if sc.strategy.cooperative and sc.cooperation.allocation.agents_per_device > 1:
         return sc.communication.interval
     return 1
 
@@ -318,7 +318,7 @@ def calibrate_rank(scenario, denv, *, backend: str, timeout_s: float, sizes, rep
         dist.barrier()  # every rank measures the fsdp costs at once, as ranks share cores in a run
         fsdp = measure_fsdp_costs(scenario, world, device)
         step = None
-        if fsdp is not None and scenario.training.strategy == "fsdp" and hasattr(learner, "save_sharded"):
+        if fsdp is not None and scenario.strategy.shards and learner.sharded:
             step = measure_fsdp_step(learner)  # the program's own step by pieces (calibration_fsdp_inrun)
         mine = {"rows": rows, "call_s": call, "compute": compute, "host_s": host, "fsdp": fsdp, "link": link,
                 "step": step}

@@ -119,7 +119,7 @@ def calibrate_device(scenario, out: Path, name: str, device="cpu", repeats: int 
     from oresearcher.models.workloads import per_rank_batch
 
     w = scenario.workload
-    if w.task != "synthetic-lm":
+    if not scenario.task.language_model:
         raise UserError(f"one-device calibration measures language-model shapes; workload.task is {w.task!r} "
                         "(use workload.task=synthetic-lm)")
     m = measure_device(w.model, per_rank_batch(scenario), w.seq_len, w.dtype, device, repeats)

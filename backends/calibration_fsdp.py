@@ -89,7 +89,7 @@ def optimizer_steps(shapes, world: int, optimizer: str, repeats: int = 15) -> tu
 def measure_fsdp_costs(scenario, world: int, device) -> dict | None:
     """{copy_Bps, dtensor_param_step_s, optimizer_element_s, gather_param_s, reduce_param_s,
     unit_step_s} for a language-model scenario on CPU (None otherwise)."""
-    if scenario.workload.task != "synthetic-lm" or torch.device(device).type != "cpu":
+    if not scenario.task.language_model or torch.device(device).type != "cpu":
         return None  # GPUs: the profile's datasheet bandwidth; DTensor dispatch overlaps the device
     from oresearcher.models.sharding import scenario_plan
 

@@ -276,7 +276,7 @@ def agent_state(step: int, world_size: int, learner, states: dict, meta: Optiona
         "step": int(step),
         "meta": dict(meta or {}),
         "world_size": int(world_size),
-        "learner": learner.state_dict() if hasattr(learner, "state_dict") else {},
+        "learner": learner.state_dict() if learner.restorable else {},
         "states": {name: obj.state_dict() for name, obj in states.items()},
         "rng": rng_state(),
     }
@@ -287,12 +287,12 @@ def restore_agent(ckpt: dict, learner, states: dict, keep_lr: bool = False) -> N
 
     ``keep_lr``: keep the learning rates the fresh learner was built with (a resume that
     overrides training.lr) instead of the saved optimizer's."""
-    groups = getattr(getattr(learner, "optimizer", None), "param_groups", None) or []
+    groups = learner.optimizer.param_groups if learner.optimizer is not None else []
     fresh = [g.get("lr") for g in groups]
-    if ckpt.get("learner") and hasattr(learner, "load_state_dict"):
+    if ckpt.get("learner") and learner.restorable:
         learner.load_state_dict(ckpt["learner"])
     if keep_lr:
-        for g, lr in zip(getattr(learner.optimizer, "param_groups", []) if groups else [], fresh):
+        for g, lr in zip(learner.optimizer.param_groups if groups else [], fresh):  # loading replaced the groups
             g["lr"] = lr
     for name, sd in ckpt.get("states", {}).items():
         if name in states:

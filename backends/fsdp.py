@@ -34,10 +34,11 @@ from __future__ import annotations
 import torch
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
 
 from oresearcher.models import PRESETS, build_model, lm_loss
 from oresearcher.models.learner import DTYPES, TorchLearner
-from oresearcher.models.sharding import scenario_plan
+from oresearcher.models.sharding import local_part, scenario_plan
 from oresearcher.models.workloads import per_rank_batch
 from oresearcher.tasks.synthetic_lm import TokenStream
 
@@ -78,6 +79,7 @@ class FSDPLearner(TorchLearner):
 
     agent = None
     agent_group = None
+    sharded = True  # save_sharded/load_sharded: model and optimizer through DCP
 
     def state_dict(self) -> dict:
         return {"data": self.batches.state_dict()}
@@ -95,7 +97,7 @@ class FSDPLearner(TorchLearner):
         dcp.load(step_dir, self.module, self.optimizer, keep_lr=keep_lr, agent=self.agent, group=self.agent_group)
 
     def _local(self) -> list[torch.Tensor]:
-        return [p.to_local() if hasattr(p, "to_local") else p for p in self.module.parameters()]
+        return [local_part(p) for p in self.module.parameters()]
 
     @torch.no_grad()
     def local_flat(self) -> torch.Tensor:
@@ -111,7 +113,7 @@ class FSDPLearner(TorchLearner):
 
     def full_state(self) -> dict:
         """The whole model, gathered (a collective; for tests and export)."""
-        return {k: v.full_tensor() if hasattr(v, "full_tensor") else v for k, v in self.module.state_dict().items()}
+        return {k: v.full_tensor() if isinstance(v, DTensor) else v for k, v in self.module.state_dict().items()}
 
 
 def make_learner(scenario, rank: int, world_size: int, device) -> FSDPLearner:

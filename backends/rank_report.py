@@ -72,7 +72,7 @@ def gather_timeline(tl: Timeline, rank: int, world: int) -> Optional[Timeline]:
 def distilled(learner, scenario, opts) -> dict:
     """Rank 0, after a distillation phase: the comparison (oresearcher.cooperation.distill) for the
     report, and the export with ``--export``."""
-    if getattr(learner, "distill_result", None) is None:
+    if learner.distill_result is None:
         return {}
     from oresearcher.cooperation import distill
 
@@ -87,8 +87,8 @@ def deployed(learner, scenario, opts, tl: Timeline) -> dict:
     comparison with the single credit model, and the deployed model saved with
     ``--export`` (the student, else the fused model: oresearcher.cooperation.deploy)."""
     more = distilled(learner, scenario, opts)
-    result = getattr(learner, "cooperative_result", None)
-    finance, export = scenario.workload.task == "finance", opts.export is not None and "distill" not in more
+    result = learner.cooperative_result
+    finance, export = scenario.task.single_model_comparison, opts.export is not None and "distill" not in more
     if result is None or not (finance or export):
         return more
     from oresearcher.cooperation import deploy

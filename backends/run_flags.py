@@ -35,13 +35,6 @@ FLAG_FIELDS = {
     "codec": "communication.codec",
     "checkpoint_every": "training.checkpoint_every",
 }
-# flag -> the strategies whose programs read the field it sets (oresearcher.programs)
-FLAG_USERS = {
-    "communication_interval": ("oresearcher", "fsdp"),  # fsdp: only sharded agents (fsdp.replicas fusion) fuse
-    "reward_weights": ("oresearcher",),
-    "local_steps": ("local_sgd", "diloco"),
-    "codec": ("oresearcher", "ddp"),
-}
 
 
 def _seconds(text: str) -> float:
@@ -162,17 +155,16 @@ def check_flags_used(args, scenario) -> None:
     scenario's ddp run into another experiment (other programs, other collectives, other
     report) on a guess, and the same flags would mean different runs under different
     scenario files. The refusal costs one word to fix and cannot be misread."""
-    strategy = scenario.training.strategy
-    for flag, users in FLAG_USERS.items():
-        if getattr(args, flag) is None:
+    from oresearcher.strategies import all_strategies
+
+    everyone = all_strategies()
+    for flag in FLAG_FIELDS:  # a flag no strategy declares (steps, lr, ...) is read by every program
+        users = [s for s in everyone if s.flag_user(flag)]
+        if not users or getattr(args, flag) is None or scenario.strategy.reads_flag(flag, scenario):
             continue
-        fusing = flag != "communication_interval" or strategy != "fsdp" or scenario.fsdp.replicas == "fusion"
-        if strategy in users and fusing:
-            continue
-        who = " or ".join("fsdp with fsdp.replicas=fusion" if u == "fsdp" and flag == "communication_interval"
-                          else u for u in users)
-        raise UserError(f"--{flag} sets {FLAG_FIELDS[flag]}, which training.strategy {strategy} does not use "
-                        f"(used by {who}); pass --strategy={users[0]} or drop --{flag}")
+        who = " or ".join(s.flag_user(flag) for s in users)
+        raise UserError(f"--{flag} sets {FLAG_FIELDS[flag]}, which training.strategy {scenario.training.strategy} "
+                        f"does not use (used by {who}); pass --strategy={users[0].name} or drop --{flag}")
 
 
 def load(args):
@@ -212,7 +204,7 @@ def _load_resume(args):
     diffs = resume.changes(saved.resolved(), scenario.resolved())
     # fsdp keeps model and optimizer in DCP, which reshards them to another number of ranks
     # or another layout: the same training state, sharded differently
-    fsdp = saved.training.strategy == "fsdp" and scenario.training.strategy == "fsdp"
+    fsdp = saved.strategy.shards and scenario.strategy.shards
     reshard = [d for d in diffs if d[0] in RESHARDABLE] if fsdp else []
     diffs = resume.check([d for d in diffs if d not in reshard], args.override)
     return scenario, run_dir, reshard + diffs

@@ -92,7 +92,7 @@ def load_factory(spec: str):
 def build_learner(scenario, rank: int, device, spec: Optional[str]):
     if spec:
         return load_factory(spec)(scenario, rank, mode="real", device=device)
-    if scenario.training.strategy == "fsdp":  # torch's fully_shard per block (backends/fsdp.py)
+    if scenario.strategy.shards:  # torch's fully_shard per block (backends/fsdp.py)
         from .fsdp import make_learner as make_fsdp_learner
 
         return make_fsdp_learner(scenario, rank, scenario.world_size, device)
@@ -113,7 +113,7 @@ def _device(backend: str, local_rank: int) -> torch.device:
 def _autocast(scenario, learner, device):
     """Mixed precision on GPUs when the scenario asks for it and the learner kept fp32 weights."""
     dtype = DTYPES[scenario.workload.dtype]
-    if device.type != "cuda" or dtype == torch.float32 or getattr(learner, "dtype", None) != torch.float32:
+    if device.type != "cuda" or dtype == torch.float32 or learner.dtype != torch.float32:
         return None
     return lambda: torch.autocast(device_type="cuda", dtype=dtype)
 
@@ -268,10 +268,10 @@ def _train(scenario, opts: RunOptions, rank, world, device, store, prefix, monit
     out = Path(opts.out_dir)
     run = _run_identity(store, prefix, rank, out)
     learner = build_learner(scenario, rank, device, opts.learner)
-    log.debug("learner built: %d parameters", getattr(learner, "numel", 0))
+    log.debug("learner built: %d parameters", learner.numel)
     start, saved = 0, {}
     if opts.resume:
-        step, saved = _resume_point(out, rank, world, resume_step, reshard=hasattr(learner, "load_sharded"), run=run)
+        step, saved = _resume_point(out, rank, world, resume_step, reshard=learner.sharded, run=run)
         start = step + 1
         if start >= scenario.training.steps:  # trained to the end, stopped before the report
             return report_from_checkpoint(saved, step, scenario, opts, rank, world, device, store, prefix, monitor)
@@ -282,7 +282,7 @@ def _train(scenario, opts: RunOptions, rank, world, device, store, prefix, monit
         # a resume that overrode training.lr (--override): the optimizer takes the new lr, not the saved one
         new_lr = saved.get("meta", {}).get("lr") != scenario.training.lr
         ckpt.restore_agent(saved, learner, program_states(ctx), keep_lr=new_lr)
-        if hasattr(learner, "load_sharded"):  # fsdp: model and optimizer shards from DCP (backends/dcp.py)
+        if learner.sharded:  # fsdp: model and optimizer shards from DCP (backends/dcp.py)
             learner.load_sharded(ckpt.step_dir(out, start - 1), keep_lr=new_lr)
 
     total = scenario.training.steps
@@ -308,7 +308,7 @@ def _train(scenario, opts: RunOptions, rank, world, device, store, prefix, monit
         boundary, ctx.boundary = ctx.boundary, None
         if boundary is not None:  # the program can resume after this StepDone
             if saver.due(boundary, since=last_boundary[0]):
-                if hasattr(learner, "save_sharded"):  # fsdp: DCP first, collectively; then the rank's file
+                if learner.sharded:  # fsdp: DCP first, collectively; then the rank's file
                     learner.save_sharded(ckpt.step_dir(out, boundary))
                 # the final step's checkpoint carries what the report is written from
                 record = ({"timeline": tl.part(rank), "start_step": start, "wall_s": time.perf_counter() - wall0}

@@ -149,7 +149,7 @@ def default_compute_steps(scenario) -> int:
     rounds, at most 300 (the in-run collective cost is a mean over rounds, and the
     persistence estimate needs many periods: from 10 it often comes out 0)."""
     t = scenario.training
-    if t.strategy in ("local_sgd", "diloco"):
+    if scenario.strategy.outer_loop:
         return min(300, max(30, 30 * t.local_steps))
     return 30
 
@@ -207,7 +207,7 @@ def roofline_rates(scenario, backend: str):
     """This device's roofline rates at the scenario's model shapes (language-model
     presets only; None otherwise)."""
     w = scenario.workload
-    if w.task != "synthetic-lm":
+    if not scenario.task.language_model:
         return None
     from oresearcher.backends.device_rates import measure_rates
     from oresearcher.models.workloads import per_rank_batch

@@ -80,7 +80,7 @@ def run_proxy(scenario: Scenario, data: dict, log=None) -> list[float]:
         root.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise UserError(f"convergence.cache_dir {root}: cannot create it ({e.strerror})") from None
-    if is_baseline(proxy) and proxy.training.strategy == "ddp":
+    if is_baseline(proxy) and proxy.strategy.closed_form_curve:
         curve = data_parallel_curve(proxy)
     else:
         from .simulate import simulate
@@ -120,22 +120,21 @@ def data_parallel_curve(proxy: Scenario) -> list[float]:
 
 def no_prediction(scenario: Scenario) -> str | None:
     """One line saying why the model cannot predict this scenario, or None."""
-    if scenario.workload.task != "synthetic-lm":
+    if not scenario.task.convergence_proxy:
+        from oresearcher.tasks import TASKS, get_task
+
+        covered = ", ".join(n for n in TASKS if get_task(n).convergence_proxy)
         return (f"no prediction: no proxy for task {scenario.workload.task} (the convergence model covers "
-                "synthetic-lm language models)")
+                f"{covered} language models)")
     if scenario.agents.architectures:
         return "no prediction: no proxy for agents of different architectures"
-    if scenario.training.strategy == "fsdp" and scenario.fsdp.replicas == "fusion":
-        return "no prediction: no measured efficiency for fsdp with fusion replicas"
-    return None
+    return scenario.strategy.no_prediction(scenario)
 
 
 def is_baseline(scenario: Scenario) -> bool:
     """Synchronous data parallel on exact gradients: the law's own regime, multiplier 1.
     FSDP replicas that all-reduce compute the same update, sharded (torch FSDP2)."""
-    s = scenario.training.strategy
-    exact = scenario.communication.codec.is_none
-    return (s == "ddp" and exact) or (s == "fsdp" and scenario.fsdp.replicas == "allreduce")
+    return scenario.strategy.exact_baseline(scenario)  # ddp without a codec; fsdp's allreduce replicas
 
 
 def efficiency(scenario: Scenario, log=None) -> cv.Efficiency | str:

@@ -277,7 +277,7 @@ class FaultPlan:
         out = []
         for f in self.failures:
             if f.action == "restart" and f.loss is not None:
-                ends = tl.step_ends.get(0, []) if hasattr(tl.step_ends, "get") else tl.step_ends[0]
+                ends = tl.step_ends.get(0, []) if isinstance(tl.step_ends, dict) else tl.step_ends[0]
                 redone = sum(1 for t in ends if f.loss["rollback_to_s"] < t <= f.at_s)
                 out.append(dict(f.loss, at_s=f.at_s, rank=f.rank, scope=f.scope, action="restart",
                                 steps_recomputed=redone))

@@ -24,7 +24,7 @@ REFUSE_S = 3600.0  # an hour: beyond it the user surely wanted shape mode
 def numeric_flops(scenario) -> float | None:
     """FLOPs numeric mode computes for ``scenario``: one agent's step (forward, backward,
     recompute) x agents x steps; None for tasks other than synthetic-lm."""
-    if scenario.workload.task != "synthetic-lm":
+    if not scenario.task.language_model:
         return None
     from oresearcher.models.workloads import per_rank_batch
     from oresearcher.models.workloads import measure_lm

@@ -28,9 +28,12 @@ log = logging.getLogger(__name__)
 def resolve_mode(scenario: Scenario) -> str:
     mode = scenario.simulation.mode
     if mode == "auto":
-        return "shape" if scenario.workload.task == "synthetic-lm" else "numeric"
-    if mode == "shape" and scenario.workload.task != "synthetic-lm":
-        raise UserError(f"simulation.mode: shape mode needs workload.task synthetic-lm (got {scenario.workload.task!r})")
+        return "shape" if scenario.task.shape_mode else "numeric"
+    if mode == "shape" and not scenario.task.shape_mode:
+        from oresearcher.tasks import TASKS, get_task
+
+        able = " or ".join(n for n in TASKS if get_task(n).shape_mode)
+        raise UserError(f"simulation.mode: shape mode needs workload.task {able} (got {scenario.workload.task!r})")
     return mode
 
 
@@ -42,7 +45,7 @@ def build_cluster(scenario: Scenario):
     device = lookup(cat, "device", cl.device, f"{src}: cluster.device")
     intra = lookup(cat, "fabric", cl.intra_node, f"{src}: cluster.intra_node")
     inter = lookup(cat, "fabric", cl.inter_node, f"{src}: cluster.inter_node") if cl.inter_node else None
-    if (scenario.training.strategy == "oresearcher" and scenario.cooperation.allocation.agents_per_device > 1
+    if (scenario.strategy.cooperative and scenario.cooperation.allocation.agents_per_device > 1
             and getattr(device, "host_link_GBps", None) is None):
         raise UserError(f"{src}: cluster.device {device.name!r} has no host_link_GBps, which hosted agents "
                         "(cooperation.allocation.agents_per_device > 1) need to price their switches; add it to "
@@ -61,7 +64,7 @@ def build_cluster(scenario: Scenario):
 
 def memory_report(scenario: Scenario, device) -> dict | None:
     """Per-GPU memory estimate of an LM workload, or None for small tasks."""
-    if scenario.workload.task != "synthetic-lm":
+    if not scenario.task.language_model:
         return None
     from oresearcher.models.workloads import measure_lm, per_rank_batch
 
@@ -69,7 +72,7 @@ def memory_report(scenario: Scenario, device) -> dict | None:
 
     w = scenario.workload
     cost = measure_lm(w.model, per_rank_batch(scenario), w.seq_len, w.dtype, w.activation_checkpointing)
-    if scenario.training.strategy == "fsdp":
+    if scenario.strategy.shards:
         return fsdp_memory_report(scenario, cost, device)
     codec = scenario.communication.codec.make()  # None: no compression, no codec buffers
     # one encoded copy of the gradients plus the gathered/decoded buffer
@@ -118,7 +121,7 @@ def _sam_agents(scenario: Scenario) -> bool:
 def compute_pricing(scenario: Scenario, device):
     """The roofline pricing (sim/roofline.py) where the device profile asks for it and the
     workload is a language-model preset; None (the flat FLOP rate) otherwise."""
-    if device.compute_model != "roofline" or scenario.workload.task != "synthetic-lm":
+    if device.compute_model != "roofline" or not scenario.task.language_model:
         return None
     from oresearcher.models.workloads import per_rank_batch
 
@@ -128,7 +131,7 @@ def compute_pricing(scenario: Scenario, device):
     price = price_lm_step(device, w.model, per_rank_batch(scenario), w.seq_len, w.dtype, w.activation_checkpointing,
                           w.optimizer)
     share = 1.0
-    if scenario.training.strategy == "fsdp":
+    if scenario.strategy.shards:
         share = 1.0 / scenario.fsdp.group_size(scenario.world_size)
     return RooflinePricing(price, optimizer_share=share)
 

@@ -19,11 +19,6 @@ rank. The report's ``engine`` section says which of the two ran.
 """
 from __future__ import annotations
 
-# Programs whose ops depend on the rank only through its data, never through its
-# number (oresearcher/programs/data_parallel.py). The cooperative program gives ranks
-# roles and fusion partners; fsdp shards unevenly; both run one process per rank.
-SYMMETRIC_PROGRAMS = ("ddp", "local_sgd", "diloco", "single")
-
 
 class SymmetryBroken(Exception):
     """A representative did something its class's members would not all do alike."""
@@ -37,7 +32,10 @@ def symmetry_classes(scenario, mode: str, device, faults) -> tuple[list[tuple[in
         return None, "a single rank"
     if mode != "shape":
         return None, "numeric mode: ranks compute different values"
-    if scenario.training.strategy not in SYMMETRIC_PROGRAMS:
+    # a strategy declares symmetric_ranks when its ops depend on the rank only through its data, never
+    # through its number (oresearcher/programs/data_parallel.py); the cooperative program gives ranks
+    # roles and fusion partners, fsdp shards unevenly: both run one process per rank
+    if not scenario.strategy.symmetric_ranks:
         return None, f"training.strategy {scenario.training.strategy}: ranks run different programs"
     if scenario.communication.codec.make() is not None:
         return None, "a codec: compressed exchanges address peers by rank"

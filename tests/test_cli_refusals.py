@@ -144,6 +144,17 @@ def test_a_cluster_the_agents_do_not_fill_is_refused(scenario_file, sets, words,
     assert not out.exists()
 
 
+@pytest.mark.parametrize("strategy", ["ddp", "local_sgd", "diloco"])
+def test_agents_of_different_architectures_under_one_model_are_refused_at_load(strategy, tmp_path, cli):
+    """finance.yaml's agents differ in architecture; a strategy that trains one model on every
+    rank is refused at load (it used to end in a collective mismatch, or gloo aborting)."""
+    out = tmp_path / "o"
+    code, _, err = sim(cli, "scenarios/finance.yaml", "--out", out, "--set", f"training.strategy={strategy}")
+    one_line(code, err, f"--set training.strategy={strategy}", "agents.architectures:",
+             f"training.strategy {strategy} trains one model on every rank", "oresearcher, single")
+    assert not out.exists()
+
+
 def test_a_file_whose_agents_leave_nodes_empty_is_refused(tmp_path, cli):
     path = tmp_path / "half.yaml"
     path.write_text((ROOT / "scenarios" / "2x8xA100.yaml").read_text().replace("count: 16", "count: 8"))

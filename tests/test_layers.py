@@ -22,6 +22,7 @@ LAYERS = [
     {"models"},  # networks, their learners and measured costs
     {"codecs"},
     {"tasks"},  # what agents train on: data, models, learners, rewards, export
+    {"strategies"},  # what each training.strategy is, declared (its program is named, imported on first use)
     {"scenario"},  # the validated description of a run
     {"cooperation"},  # the mechanisms between agents
     {"programs"},  # agent programs: generators of ops

@@ -167,9 +167,4 @@ def persistence_rho(step_seconds_per_rank, period: int) -> float:
 
 def sync_period(scenario) -> int:
     """Steps between the program's averaging collectives: what rank drift builds over."""
-    t, c = scenario.training, scenario.communication
-    if t.strategy in ("local_sgd", "diloco"):
-        return t.local_steps
-    if t.strategy == "oresearcher":
-        return c.share_every if c.gradient_sharing else c.interval
-    return 1
+    return scenario.strategy.sync_period(scenario)

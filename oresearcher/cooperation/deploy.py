@@ -12,7 +12,6 @@ architecture, into ``DIR/<architecture>``. Each loads with
 """
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -22,21 +21,24 @@ if TYPE_CHECKING:  # torch and the programs load when a model is built, not when
 
 def exportable(scenario) -> str | None:
     """Why ``run --export`` cannot save this scenario's deployed model (one line), or None."""
-    from ..tasks import TASKS
+    from ..strategies import all_strategies
 
     sc = scenario
-    if sc.training.strategy != "oresearcher":
-        return (f"--export saves the deployed model of a cooperative run (training.strategy=oresearcher); "
+    if not sc.strategy.cooperative:
+        coop = " or ".join(s.name for s in all_strategies() if s.cooperative)
+        return (f"--export saves the deployed model of a cooperative run (training.strategy={coop}); "
                 f"this run's strategy is {sc.training.strategy}")
     if sc.distill.student:
         return None
     if sc.cooperation.allocation.agents_per_device > 1:
         return ("--export: with cooperation.allocation.agents_per_device > 1 the agents are not fused into one "
                 "model at the end; set distill.student to deploy a distilled one")
-    task = importlib.import_module(TASKS[sc.workload.task])
-    if not hasattr(task, "build_model"):
+    if sc.task.build_model is None:
+        from ..tasks import TASKS, get_task
+
+        able = " and ".join(n for n in TASKS if get_task(n).build_model is not None)
         return (f"--export: task {sc.workload.task} has no exportable model (safetensors + JSON export covers "
-                f"the digits and finance models)")
+                f"the {able} models)")
     return None
 
 
@@ -59,22 +61,13 @@ def fused_modules(scenario, result: dict) -> dict:
     return out
 
 
-def preprocessing(task_module, arch: str) -> dict:
-    """The task's description of its inputs: ``preprocessing(arch)`` where inputs differ by
-    architecture (finance), else its ``PREPROCESSING``."""
-    if hasattr(task_module, "preprocessing"):
-        return task_module.preprocessing(arch)
-    return dict(getattr(task_module, "PREPROCESSING", {}))
-
-
 def save(directory, module: "torch.nn.Module", scenario, arch: str, metrics: dict | None = None) -> Path:
     """One model of ``scenario``'s task into ``directory`` (oresearcher.export)."""
     from ..tasks import export as X
-    from ..tasks import TASKS
 
-    task = importlib.import_module(TASKS[scenario.workload.task])
-    return X.save_model(directory, module, task=scenario.workload.task, architecture=arch,
-                        preprocessing=preprocessing(task, arch), n_classes=X.classes_of(task, module),
+    task = scenario.task
+    return X.save_model(directory, module, task=task.name, architecture=arch,
+                        preprocessing=task.inputs(arch), n_classes=X.classes_of(task, module),
                         metrics=metrics, scenario=scenario.name)
 
 

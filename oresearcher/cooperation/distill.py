@@ -37,7 +37,6 @@ its hard examples; the rest comes from the task data.
 """
 from __future__ import annotations
 
-import importlib
 
 import torch
 import torch.nn.functional as F
@@ -59,11 +58,11 @@ def kd_loss(student: torch.Tensor, teacher: torch.Tensor, labels: torch.Tensor, 
 def build_student(task: str, arch: str, seed: int, init: torch.Tensor | None = None) -> torch.nn.Module:
     """The task's ``arch`` model from one seeded initialisation, off the global generator;
     with ``init`` (flat parameters, e.g. :func:`fused_params`) it holds exactly those."""
-    from ..tasks import TASKS
+    from ..tasks import get_task
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(derive(seed, 4_242, prime=STREAM))
-        module = importlib.import_module(TASKS[task]).build_model(arch)
+        module = get_task(task).build_model(arch)
     if init is not None:
         numel = sum(p.numel() for p in module.parameters())
         with torch.no_grad():
@@ -221,12 +220,10 @@ def comparison(learner, scenario) -> dict:
 def export(learner, scenario, directory):
     """Save the student (oresearcher.tasks.export) with the task's preprocessing; returns the directory."""
     from ..tasks import export as X
-    from ..tasks import TASKS
 
-    task = importlib.import_module(TASKS[scenario.workload.task])
     res = learner.distill_result
     return X.save_model(directory, res["module"], task=scenario.workload.task, architecture=res["arch"],
-                        preprocessing=dict(getattr(task, "PREPROCESSING", {})), n_classes=learner.n_classes,
+                        preprocessing=scenario.task.inputs(res["arch"]), n_classes=learner.n_classes,
                         metrics=res["metrics"], scenario=scenario.name)
 
 

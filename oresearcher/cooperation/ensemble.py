@@ -213,5 +213,6 @@ def fit_round(ens: EnsembleState, learner, flats: list, ids: list, excluded, ran
         labels = learner.heldout_labels()
         info = yield Compute(ens.fit, probs, labels, flops=ens.fit_flops(len(labels)), name="ensemble_fit")
         vec = ens.pack(info or {})
-    vec = yield Broadcast(vec.to(getattr(learner, "device", vec.device)), src=fitter, name="ensemble_broadcast")
+    vec = yield Broadcast(vec.to(vec.device if learner.device is None else learner.device), src=fitter,
+                          name="ensemble_broadcast")
     return ens.unpack(vec.cpu())

@@ -227,13 +227,13 @@ def private_forward_backward(learner, state: PrivacyState) -> dict:
     out with ``.item()``, which ``vmap`` forbids), else ``learner.loss_fn``.
     """
     state.steps += 1
-    if not hasattr(learner, "module"):  # shape mode: sizes only, the step still counts
+    if learner.module is None:  # shape mode: sizes only, the step still counts
         return {}
     learner.module.train()
     batch = next(learner.batches)
     out = hooked_per_sample_grads(learner.module, learner.loss_fn, batch)
     if out is None:
-        loss_fn = getattr(learner, "private_loss_fn", None) or learner.loss_fn
+        loss_fn = learner.private_loss_fn or learner.loss_fn
         out = per_sample_grads(learner.module, loss_fn, batch)
     grads, losses = out
     flat = privatize(grads, state.clip_norm, state.sigma, state.generator)

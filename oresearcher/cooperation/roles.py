@@ -198,7 +198,7 @@ def sam_forward_backward(learner, rho: float) -> dict:
     Needs a learner with ``module``, ``loss_fn``, ``batches``, ``params`` and ``optimizer``
     (TorchLearner); others fall back to their plain ``forward_backward``.
     """
-    if not all(hasattr(learner, a) for a in ("module", "loss_fn", "batches", "params", "optimizer")):
+    if learner.module is None or learner.optimizer is None:  # shape mode: no module to take the SAM step on
         return learner.forward_backward()
     learner.module.train()
     learner.optimizer.zero_grad(set_to_none=False)

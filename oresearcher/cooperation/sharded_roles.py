@@ -42,6 +42,7 @@ from typing import Optional
 
 import torch
 
+from ..models.sharding import local_part
 from ..ops import AllReduce, Compute
 from ..seeds import RANK, STREAM, derive
 from .roles import ROLE_CODES, assign_roles, difficulty, param_noise
@@ -52,7 +53,7 @@ log = logging.getLogger(__name__)
 def agent_roles(scenario) -> Optional[list[str]]:
     """The role of each sharded agent (fixed for the run), or None: every agent trains plainly."""
     mix = scenario.agents.roles
-    if (scenario.training.strategy != "fsdp" or scenario.fsdp.replicas != "fusion" or mix is None
+    if (not scenario.strategy.sharded_agents(scenario) or mix is None
             or scenario.cooperation.roles.policy == "plain"):
         return None
     return ["explorer"] * mix.explorer + ["optimizer"] * mix.optimizer + ["validator"] * mix.validator
@@ -66,7 +67,7 @@ def noise_generator(seed: int, rnd: int, rank: int) -> torch.Generator:
 # ---- the math on this rank's shards (real runs) ------------------------------------------
 
 def _local(tensors) -> list[torch.Tensor]:
-    return [t.to_local() if hasattr(t, "to_local") else t for t in tensors]
+    return [local_part(t) for t in tensors]
 
 
 @torch.no_grad()

@@ -37,6 +37,8 @@ def heldout_batch(scenario, shard_index: int, device="cpu") -> torch.Tensor:
 @torch.no_grad()
 def heldout_loss(learner, batch: torch.Tensor) -> float:
     """The loss of ``learner``'s (sharded) model on ``batch``; its units resharded after."""
+    from torch.distributed.fsdp import FSDPModule
+
     module = learner.module
     module.eval()
     try:
@@ -46,7 +48,7 @@ def heldout_loss(learner, batch: torch.Tensor) -> float:
         # FSDP2 keeps the root (and a unit not resharded after forward) gathered after a
         # forward, expecting backward; without one, put the sharded parameters back
         for m in module.modules():
-            if hasattr(m, "reshard") and hasattr(m, "unshard"):
+            if isinstance(m, FSDPModule):
                 m.reshard()
     return loss
 

@@ -35,7 +35,7 @@ def validator_slot(roles, rank: int) -> tuple[int, int]:
 
 
 def can_shard(learner) -> bool:
-    return hasattr(learner, "task_data") and hasattr(learner, "predict_params")
+    return learner.task_data is not None and learner.predict_params is not None
 
 
 def shard_rows(total: int, v: int, count: int) -> torch.Tensor:

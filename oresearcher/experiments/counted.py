@@ -50,7 +50,7 @@ def instrumented(program=None):
 
     def make_learner(scenario, rank, **kw):
         learner = make(scenario, rank, **kw)
-        if scenario.workload.task == "synthetic-lm":
+        if scenario.task.language_model:
             learner.eval_fn = lm_eval_fn(scenario)
         got["learners"].append(learner)
         return learner

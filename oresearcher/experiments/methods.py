@@ -116,7 +116,7 @@ def run_one(task: str, method: str, seed: int, lr_mult: float, size: str, steps:
     except (Diverged, AllExcluded) as e:  # a diverged run is a result too (e.g. lr x10)
         return {"error": f"{type(e).__name__}: {str(e)[:120]}", "steps": sc.training.steps}
     agents = statistics.mean(metric_of(l) for l in learners)
-    student = getattr(learners[0], "distill_result", None)
+    student = learners[0].distill_result
     model = (student["metrics"]["student_test_accuracy"] if student else averaged_metric(learners))
     curve = agents_curve(report)
     hit = next((t for t, m in curve if m >= TASKS[task][1]), None)

@@ -8,8 +8,11 @@ they hand to collectives.
 
 Two kinds:
 
-The interface is :class:`Learner` (a Protocol: any object with these members is one;
-tasks may add more, e.g. ``evaluate_params`` for fusion):
+The interface is :class:`Learner` (a Protocol: any object with these members is one).
+What a learner may offer beyond it (scoring fused parameters, a shaped loss's peers, a
+replay pool, sharded checkpoints...) is declared on :class:`LearnerBase` with the value
+that means "not offered"; a task's learner overrides what it has, and programs read the
+declaration instead of probing with ``hasattr``:
 
 - :class:`TorchLearner` wraps a real ``nn.Module`` (numeric simulation and real runs).
 - :class:`ShapeLearner` has only sizes and FLOP counts (shape mode): its buckets are
@@ -21,7 +24,7 @@ parameters in reverse registration order, a 1 MiB first bucket, then buckets of
 """
 from __future__ import annotations
 
-from typing import Callable, Iterator, Protocol, Sequence, runtime_checkable
+from typing import Callable, Iterator, Optional, Protocol, Sequence, runtime_checkable
 
 import torch
 from torch import nn
@@ -57,7 +60,49 @@ class Learner(Protocol):
         """Held-out metrics (empty in shape mode)."""
 
 
-class ShapeLearner:
+class LearnerBase:
+    """What a learner may offer beyond :class:`Learner`, declared with its "not offered"
+    value: None for a capability (a method in the learners that have it), a plain default
+    for a number."""
+
+    arch: Optional[str] = None  # the agent's model name (tasks with several)
+    module = None  # the nn.Module (None: shape mode, sizes only)
+    optimizer = None  # the torch optimizer (None: nothing to step, copy or checkpoint)
+    params: Sequence = ()  # the trainable parameters
+    batches = None  # the data stream
+    device = None  # where its tensors live (None: wherever the caller's are)
+    sharded = False  # FSDP2: save_sharded/load_sharded checkpoints through DCP (oresearcher.backends.fsdp)
+    restorable = False  # state_dict/load_state_dict hold its whole training state
+    cooperative_result = None  # set by the cooperative program at its end (the fused run's agents)
+    distill_result = None  # set by the distillation phase (the student and its metrics)
+    train_size: Optional[int] = None  # rows of its private training data (privacy's sample rate)
+    replay_spec = None  # {field: (shape, dtype)} of one entry in the shared replay pool
+    private_loss_fn = None  # (module, batch) -> per-sample losses for DP-SGD (None: loss_fn)
+    reduce_check = None  # FSDP2's check of the reduced gradients (.take(): a non-finite one since last asked)
+    eval_flops = None  # FLOPs of scoring on the validation split (a float, or arch -> float)
+    min_score_rows: Optional[int] = None  # fewest validation rows a subsample may have
+    hard_fraction = 0.25  # of each batch drawn from a shared hard-example pool
+    n_classes: Optional[int] = None  # classes it predicts (distillation, the ensemble)
+    # scoring and predicting with given flat parameters (validators, the ensemble, distillation)
+    evaluate_params: Optional[Callable] = None  # (flat, arch[, rows]) -> metrics
+    predict_params: Optional[Callable] = None  # (flat, arch, X) -> (logits, FLOPs)
+    task_data: Optional[Callable] = None  # (split) -> (X, y)
+    heldout_labels: Optional[Callable] = None  # (split) -> labels
+    val_size: Optional[Callable] = None  # (arch) -> rows of arch's own validation split
+    # the cooperative program's knobs, for learners with a shaped loss, exploration or a replay pool
+    set_peers: Optional[Callable] = None  # (peers) -> None: the shaped loss's peer ensemble (charged as an op)
+    set_peer_term: Optional[Callable] = None  # (term, weight): the shaped loss's peer term and agreement weight
+    set_reward_weights: Optional[Callable] = None  # (weights): task, novelty and safety weights of the shaped loss
+    set_exploration: Optional[Callable] = None  # (scale): an explorer's exploration scale
+    set_fixed_epsilon: Optional[Callable] = None  # (epsilon): Ape-X's per-agent exploration epsilon
+    use_shared_replay: Optional[Callable] = None  # (shared): draw from the shared replay pool
+
+    def arch_numel(self, arch: str) -> int:
+        """Parameters of model ``arch`` (a learner of one model: its own)."""
+        return self.numel
+
+
+class ShapeLearner(LearnerBase):
     """Sizes and FLOPs only; every tensor it hands out lives on the meta device."""
 
     def __init__(self, param_numels: Sequence[int], fwd_flops: float, bwd_flops: float,
@@ -68,14 +113,13 @@ class ShapeLearner:
         self.fwd_flops, self.bwd_flops = float(fwd_flops), float(bwd_flops) + float(recompute_flops)
         self.dtype = dtype
         self.buckets = bucket_sizes(self.param_numels, bucket_bytes, torch.empty((), dtype=dtype).element_size())
+        # meta tensors hold no data: the same ones serve every step
+        self._meta_buckets = [torch.empty(n, dtype=dtype, device="meta") for n in self.buckets]
 
     def forward_backward(self) -> dict:
         return {}
 
     def grad_buckets(self) -> list[torch.Tensor]:
-        # meta tensors hold no data: the same ones serve every step
-        if not hasattr(self, "_meta_buckets"):
-            self._meta_buckets = [torch.empty(n, dtype=self.dtype, device="meta") for n in self.buckets]
         return list(self._meta_buckets)
 
     def apply_grads(self, buckets: list[torch.Tensor]) -> None:
@@ -94,7 +138,7 @@ class ShapeLearner:
         return {}
 
 
-class TorchLearner:
+class TorchLearner(LearnerBase):
     """A real module, its optimizer and its data stream.
 
     ``loss_fn(module, batch) -> scalar loss``; ``batches`` yields batches forever.
@@ -124,6 +168,8 @@ class TorchLearner:
         self.dtype = autocast_dtype or self.params[0].dtype  # on the wire
         self.buckets = bucket_sizes(self.param_numels, bucket_bytes, torch.empty((), dtype=self.dtype).element_size())
         self.eval_fn = eval_fn
+
+    restorable = True  # module and optimizer state (tasks add their data streams' positions)
 
     def forward_backward(self) -> dict:
         """Gradients of the loss on the next batch, left in ``p.grad``."""

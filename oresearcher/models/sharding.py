@@ -79,6 +79,13 @@ class ShardPlan:
         return sum(u.bwd_flops for u in self.units)
 
 
+def local_part(t):
+    """This rank's shard of a DTensor (FSDP2's sharded parameters and gradients), else ``t``."""
+    from torch.distributed.tensor import DTensor
+
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
 def _shapes(module) -> tuple:
     return tuple(tuple(p.shape) for p in module.parameters())
 

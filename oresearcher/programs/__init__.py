@@ -3,8 +3,9 @@
 A program is ``program(ctx, learner) -> generator of ops`` (:data:`ProgramFn`, taking a
 :class:`~oresearcher.models.learner.Learner` and returning an
 :data:`oresearcher.ops.Program`); the same generator runs in the simulator and on
-torch.distributed. :func:`get_program` maps the scenario's
-``training.strategy`` to one. The cooperative O-Researcher program lives in
+torch.distributed. Which one a scenario runs is its strategy's
+(``scenario.strategy.program_fn``, declared in :mod:`oresearcher.strategies`);
+:func:`get_program` is the same lookup by name. The cooperative O-Researcher program lives in
 :mod:`oresearcher.programs.cooperative`.
 
 Resuming (the protocol between programs and checkpointing backends):
@@ -24,7 +25,6 @@ Resuming (the protocol between programs and checkpointing backends):
 """
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Optional
 
@@ -37,15 +37,6 @@ from ..seeds import derive
 
 if TYPE_CHECKING:
     from ..codecs import Codec
-
-_PROGRAMS = {
-    "ddp": ("oresearcher.programs.data_parallel", "ddp"),
-    "local_sgd": ("oresearcher.programs.data_parallel", "local_sgd"),
-    "diloco": ("oresearcher.programs.data_parallel", "diloco"),
-    "single": ("oresearcher.programs.data_parallel", "single"),
-    "oresearcher": ("oresearcher.programs.distill", "program"),  # cooperative, then distillation (distill.student)
-    "fsdp": ("oresearcher.programs.fsdp", "fsdp"),
-}
 
 
 @dataclass
@@ -119,7 +110,7 @@ ProgramFn = Callable[["AgentContext", Learner], Program]
 
 
 def get_program(strategy: str) -> ProgramFn:
-    if strategy not in _PROGRAMS:
-        raise ValueError(f"unknown strategy {strategy!r}; known: {', '.join(_PROGRAMS)}")
-    module, name = _PROGRAMS[strategy]
-    return getattr(importlib.import_module(module), name)
+    """The program of the strategy called ``strategy``; ValueError naming the known ones."""
+    from ..strategies import get_strategy
+
+    return get_strategy(strategy).program_fn

@@ -26,17 +26,17 @@ log = logging.getLogger("oresearcher.programs.cooperative")  # role switches and
 
 
 def arch_numel(learner, arch) -> int:
-    """Parameters of an agent of architecture ``arch`` (the learner's own without ``arch_numel``)."""
-    return learner.arch_numel(arch) if hasattr(learner, "arch_numel") else learner.numel
+    """Parameters of an agent of architecture ``arch`` (a one-model learner: its own)."""
+    return learner.arch_numel(arch)
 
 
 def set_lr(learner, lr: float) -> None:
-    for g in getattr(getattr(learner, "optimizer", None), "param_groups", ()):
+    for g in (learner.optimizer.param_groups if learner.optimizer is not None else ()):
         g["lr"] = lr
 
 
 def current_lr(learner) -> float:
-    groups = getattr(getattr(learner, "optimizer", None), "param_groups", None)
+    groups = learner.optimizer.param_groups if learner.optimizer is not None else None
     return float(groups[0]["lr"]) if groups else float("nan")
 
 
@@ -67,7 +67,7 @@ class Roles:
         explorer = self.role == "explorer"
         set_lr(self.learner, self.sc.training.lr * self.group.lr_mult[self.rank]
                * (self.cfg.explorer_lr_scale if explorer else 1.0))
-        if hasattr(self.learner, "set_exploration"):
+        if self.learner.set_exploration is not None:
             self.learner.set_exploration(self.cfg.explorer_epsilon_scale if explorer else 1.0)
 
     def gradient_op(self, flops: float):
@@ -163,7 +163,7 @@ class Roles:
         winner, a Recv by the loser; the same pairs on every rank). Learners without a torch
         optimizer (shape mode, foreign tasks) have none to copy."""
         learner, rank = self.learner, self.rank
-        if not (hasattr(learner, "optimizer") and hasattr(learner, "params")):
+        if learner.optimizer is None or not learner.params:
             return
         for loser, winner in pairs:
             if rank == winner:
@@ -186,7 +186,7 @@ class Rewards:
     def begin(self, progress: float) -> None:
         """Hook ``begin``: the peer term and the agreement weight at ``progress`` (where the
         last round ended)."""
-        if hasattr(self.learner, "set_peer_term"):
+        if self.learner.set_peer_term is not None:
             self.learner.set_peer_term(self.cfg.peer_term, agreement_weight(self.cfg.agreement_weight, progress,
                                                                             self.cfg.schedule))
 
@@ -196,14 +196,14 @@ class Rewards:
     def weights(self, progress: float) -> tuple:
         """Hook ``score`` (first half): this round's weights, handed to a reward-shaped loss."""
         w = self.scheduled(progress)
-        if hasattr(self.learner, "set_reward_weights"):
+        if self.learner.set_reward_weights is not None:
             self.learner.set_reward_weights(w)
         return w
 
     def share_peers(self, flats, pub, ids):
         """Hook ``score`` (second half): the other healthy agents' parameters, the peer ensemble
         of the shaped loss (its forwards are charged in fwd_flops)."""
-        if self.cfg.shape_loss and self.cfg.peer_term != "none" and hasattr(self.learner, "set_peers"):
+        if self.cfg.shape_loss and self.cfg.peer_term != "none" and self.learner.set_peers is not None:
             rank = self.ctx.rank
             peers = [(ids[j], flats[j]) for j in range(len(flats)) if j != rank and not bool(pub.excluded[j])]
             yield Compute(self.learner.set_peers, peers, name="peer_snapshot")

@@ -29,7 +29,7 @@ class Privacy:
     def __init__(self, ctx, learner):
         sc = ctx.scenario
         batch = getattr(getattr(learner, "batches", None), "batch", None) or per_rank_batch(sc)
-        size = sc.cooperation.privacy.dataset_size or getattr(learner, "train_size", None) or batch
+        size = sc.cooperation.privacy.dataset_size or learner.train_size or batch
         self.learner = learner
         self.state = ctx.register("privacy", P.from_scenario(sc, ctx.rank, batch, size))
 
@@ -108,17 +108,17 @@ class Replay:
         sc, c = ctx.scenario, ctx.scenario.cooperation.replay
         self.learner, self.rank, self.cfg = learner, ctx.rank, c
         batch = getattr(getattr(learner, "batches", None), "batch", 1)
-        spec = getattr(learner, "replay_spec", {})
+        spec = learner.replay_spec or {}
         pool = PrioritizedReplay(c.capacity, c.alpha, c.beta_start, beta_steps=sc.training.steps)
         self.shared = ctx.register("replay", RS.SharedReplay(pool, spec, ctx.rank, c.quota, c.sync_every * batch))
-        if hasattr(learner, "use_shared_replay"):
+        if learner.use_shared_replay is not None:
             learner.use_shared_replay(self.shared)
         self.world_steps = 0
 
     def begin(self, steps_now, roles) -> None:
         """Hook ``begin``: every agent takes part in this round's first ``world_steps`` syncs."""
         self.world_steps = min(max(1, x) for x in steps_now)
-        if self.cfg.apex_epsilon and hasattr(self.learner, "set_fixed_epsilon"):
+        if self.cfg.apex_epsilon and self.learner.set_fixed_epsilon is not None:
             self.learner.set_fixed_epsilon(RS.apex_epsilons(roles)[self.rank])
 
     def after_step(self, s: int):

@@ -92,7 +92,7 @@ class Round:
         self.replay = Replay(ctx, learner) if cfg.replay.enabled else None
         self.loop = ctx.register("loop", LoopState())
         self.sharing = GradientSharing(ctx, self.share_group, self.members, self.roles.costs)
-        train_ensemble = cfg.ensemble.train and ctx.numeric and hasattr(learner, "heldout_labels")
+        train_ensemble = cfg.ensemble.train and ctx.numeric and learner.heldout_labels is not None
         self.ensemble = Ensemble(ctx, learner) if train_ensemble else None
         self.val_budget = None  # this round's validation budget (roles.validation_share)
 
@@ -110,7 +110,7 @@ class Round:
         step = self.loop.step
         for rnd in range(self.loop.round, len(self.rounds)):
             step = yield from self.run_round(rnd, step)
-        return getattr(self.learner, "cooperative_result", None)
+        return self.learner.cooperative_result
 
     def _resumed(self) -> None:
         """Check a restored position against the backend's; re-apply what lives in the learner."""
@@ -118,7 +118,7 @@ class Round:
         if self.ctx.start_step != sum(rounds[:loop.round]):
             log.warning("resuming at round %d (nominal step %d), but the backend resumes at step %d",
                         loop.round, sum(rounds[:loop.round]), self.ctx.start_step)
-        if loop.round and hasattr(self.learner, "set_reward_weights"):  # as the last round's end set them
+        if loop.round and self.learner.set_reward_weights is not None:  # as the last round's end set them
             self.rewards.weights(loop.round / len(rounds))
 
     def run_round(self, rnd: int, step: int):

@@ -60,21 +60,21 @@ def program(ctx, learner):
     uninterrupted run: the final agents come back from the checkpoint (:class:`FinalAgents`)."""
     count = {"flops": 0.0, "last_step": -1}
     distilling = bool(ctx.scenario.distill.student and ctx.numeric)
-    if distilling and not all(hasattr(learner, a) for a in ("predict_params", "task_data", "n_classes")):
+    if distilling and (learner.predict_params is None or learner.task_data is None or learner.n_classes is None):
         raise UserError(f"distill.student: task {ctx.scenario.workload.task} cannot be distilled with real values "
                         "yet (a supervised task whose learner has predict_params and task_data: digits)")
     final = ctx.register("distill_final", FinalAgents()) if distilling else None
 
     def on_step(op):  # the first StepDone after _final: the boundary a resumed run starts from
-        res = getattr(learner, "cooperative_result", None)
+        res = learner.cooperative_result
         if final is not None and res and not final.data:
             final.capture(res, count)
     result = yield from _counted(cooperative(ctx, learner), count, on_step)
-    if distilling and not getattr(learner, "cooperative_result", None) and final.data:
+    if distilling and not learner.cooperative_result and final.data:
         result = yield from _final_agents(ctx, learner, final, count)
-    if distilling and getattr(learner, "cooperative_result", None):
+    if distilling and learner.cooperative_result:
         yield from _counted(distill(ctx, learner, count["last_step"] + 1, count), count)
-    elif ctx.scenario.distill.student and not ctx.numeric and ctx.scenario.workload.task == "synthetic-lm":
+    elif ctx.scenario.distill.student and not ctx.numeric and ctx.scenario.task.shape_mode:
         yield from distill_shape(ctx, learner, count["last_step"] + 1)
     return result
 
@@ -150,7 +150,7 @@ def distill(ctx, learner, first_step: int, count: dict):
     teacher = yield from _teacher(ctx, learner, ens, X)
     pool = replay_rows(ctx.state.get("replay"), rank, n, X)
     if pool is not None:  # the shared hard-example pool's rows, with their teacher outputs
-        k = round(float(getattr(learner, "hard_fraction", 0.25)) * batch)
+        k = round(float(learner.hard_fraction) * batch)
         pool = (*pool[:2], (yield from _teacher(ctx, learner, ens, pool[0])), pool[2], min(k, batch - 1))
     init = student_init(sc, learner.cooperative_result)
     module = build_student(sc.workload.task, d.student, sc.seed, init).to(X.device, X.dtype)

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import UserError
+from ..models.sharding import local_part
 from ..ops import AllReduce, Compute
 
 log = logging.getLogger(__name__)
@@ -58,7 +59,7 @@ def policy(scenario) -> str:
     chosen = scenario.training.on_divergence
     if chosen is not None:
         return chosen
-    return "skip" if scenario.training.strategy == "oresearcher" else "stop"
+    return scenario.strategy.on_divergence
 
 
 def non_finite(tensors) -> bool:
@@ -86,7 +87,7 @@ def find(loss=None, grads=(), params=()) -> str | None:
 
 
 def learner_grads(learner) -> list:
-    return [p.grad for p in getattr(learner, "params", ()) if p.grad is not None]
+    return [p.grad for p in learner.params if p.grad is not None]
 
 
 SKIP_REPLICA = "'skip' leaves the rank out and restores it"
@@ -123,7 +124,7 @@ class Guard:
     @classmethod
     def for_context(cls, ctx) -> "Guard":
         g = cls(ctx.rank, ctx.world_size, policy(ctx.scenario), float(ctx.scenario.training.lr))
-        return ctx.register("divergence", g) if hasattr(ctx, "register") else g
+        return ctx.register("divergence", g)
 
     def state_dict(self) -> dict:
         return {"skipped": self.skipped}
@@ -147,7 +148,7 @@ class Guard:
     # -- skip: snapshots and the healthy count ----------------------------------------
     def snapshot(self, learner) -> None:
         """Keep the learner's state as the last good one (unless it is not finite)."""
-        if self.policy == "skip" and hasattr(learner, "state_dict") and not non_finite(getattr(learner, "params", ())):
+        if self.policy == "skip" and learner.restorable and not non_finite(learner.params):
             self._snapshot = copy.deepcopy(learner.state_dict())
 
     def restore(self, learner) -> None:
@@ -229,9 +230,9 @@ def sharded_forward_backward(learner) -> dict:
     were shared, its loss, and (for shard groups of one, where nothing is reduced) its
     local gradient shards; "_nonfinite" says what was bad."""
     metrics = dict(learner.forward_backward() or {})
-    check = getattr(learner, "reduce_check", None)
+    check = learner.reduce_check
     found = check.take() if check is not None else False
-    local = [g.to_local() if hasattr(g, "to_local") else g for g in learner_grads(learner)]
+    local = [local_part(g) for g in learner_grads(learner)]
     what = find(metrics.get("loss")) or ("gradient" if found or non_finite(local) else None)
     if what:
         metrics["_nonfinite"] = what

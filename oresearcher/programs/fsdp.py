@@ -88,7 +88,7 @@ def fsdp(ctx, learner):
 
 def _delegated(ctx, learner):
     """One rank of a real run: FSDP2's hooks communicate inside ``forward_backward``."""
-    if not hasattr(learner, "save_sharded"):  # a plain replica would train alone, silently
+    if not learner.sharded:  # a plain replica would train alone, silently
         raise UserError("strategy fsdp runs a fully_shard learner (oresearcher.backends.fsdp.make_learner); "
                          f"got {type(learner).__name__}")
     flops = learner.fwd_flops + learner.bwd_flops

@@ -33,7 +33,7 @@ def pbt(ctx, learner):
     sc, n, rank = ctx.scenario, ctx.world_size, ctx.rank
     rounds = round_lengths(ctx.steps, sc.communication.interval)
     lr_mult = [1.0] * n
-    arch = getattr(learner, "arch", None)
+    arch = learner.arch
     step, losses = 0, []
     for rnd, length in enumerate(rounds):
         for g in learner.optimizer.param_groups:
@@ -66,7 +66,7 @@ def _exploit(ctx, learner, arch, lr_mult, rnd, losses, length):
         res = yield Compute(V.shard_scores, learner, flat, arch, 0, 1, rows, name="validate")
         yield Compute(flops=float(res.get("flops", 0.0)), name="validate")
         score = float(res["metric"])
-    elif hasattr(learner, "evaluate_params"):  # validation score, charged as the validators' are
+    elif learner.evaluate_params is not None:  # validation score, charged as the validators' are
         res = yield Compute(learner.evaluate_params, flat, arch, name="validate")
         yield Compute(flops=float(res.get("flops", 0.0)), name="validate")
         score = float(res["metric"])

@@ -6,8 +6,8 @@ picks, per rank, the last value of the task metric (test accuracy, test episode 
 else a loss) with the rank's role, and names the deployable model:
 
 - after a distillation phase, the distilled student (``student_test_accuracy``);
-- for programs whose ranks train one shared model (ddp, fsdp; local_sgd and diloco after
-  their last average), that model: the mean over ranks, which are equal or nearly so;
+- for programs whose ranks train one shared model (their declaration's ``shares_model``:
+  ddp, fsdp; local_sgd and diloco after their last average), that model: the mean over ranks, which are equal or nearly so;
 - for the cooperative program without a student, the fused agents: per architecture, the
   plain mean of its healthy final agents, which is what ``run --export`` writes
   (:mod:`oresearcher.cooperation.deploy`). No run evaluates that model on the test split
@@ -28,7 +28,6 @@ TASK_METRICS = (("test_accuracy", "test accuracy", True), ("test_return", "test 
                 ("test_loss", "test loss", False), ("val_loss", "validation loss", False),
                 ("task_loss", "training loss (task)", False), ("loss", "training loss", False))
 ROLES = ("explorer", "optimizer", "validator")  # the codes of oresearcher.cooperation.roles.ROLE_CODES
-SHARED_MODEL = ("ddp", "fsdp", "local_sgd", "diloco")
 FUSED = "the fused agents (per architecture, healthy ones averaged)"  # oresearcher.cooperation.deploy
 
 
@@ -58,7 +57,15 @@ def final_section(metrics: dict, strategy: str | None, shard_group: int | None =
     ``shard_group``: fsdp's sharded agents (``fsdp.replicas: fusion``), each that many
     consecutive ranks; they are separate models, so the deployable one is an agent.
     ``hosted``: cooperative agents share devices and are not fused at the end; ``student``:
-    the scenario distils one (``distill.student``), deployed whether or not it was scored."""
+    the scenario distils one (``distill.student``), deployed whether or not it was scored.
+    ``strategy``: the report's training.strategy; what it deploys is what its declaration
+    says (oresearcher.strategies: shares_model, cooperative, shards); a name nobody declares
+    deploys its best agent."""
+    from ..strategies import find_strategy
+
+    s = find_strategy(strategy)
+    shared, coop = s is not None and s.shares_model, s is not None and s.cooperative
+    sharded = s is not None and s.shards and bool(shard_group)
     hist = {int(r): m for r, m in (metrics or {}).items() if m}
     for key, label, higher in TASK_METRICS:
         values = {r: _last(h, key) for r, h in sorted(hist.items())}
@@ -71,23 +78,23 @@ def final_section(metrics: dict, strategy: str | None, shard_group: int | None =
     scored = [v for v in (_last(h, "student_test_accuracy") for h in hist.values()) if v is not None]
     if scored and key == "test_accuracy":
         deploy = {"what": "distilled student", "value": scored[0]}
-    elif strategy == "fsdp" and shard_group:
+    elif sharded:
         deploy = _sharded_agent(hist, got, shard_group, label)
-    elif strategy in SHARED_MODEL:
+    elif shared:
         deploy = {"what": f"the shared model ({strategy}; mean over ranks)",
                   "value": sum(a["value"] for a in got) / len(got)}
-    elif strategy == "oresearcher" and student:
+    elif coop and student:
         deploy = {"what": "distilled student", "value": None}
-    elif strategy == "oresearcher" and not hosted:
+    elif coop and not hosted:
         deploy = {"what": FUSED, "value": None}
-    elif strategy == "oresearcher" and any(_last(hist[a["rank"]], "final_reliability") is not None for a in got):
+    elif coop and any(_last(hist[a["rank"]], "final_reliability") is not None for a in got):
         best = max(got, key=lambda a: _last(hist[a["rank"]], "final_reliability") or -1.0)
         deploy = {"what": f"agent {best['rank']}, the validators' pick", "value": best["value"], "rank": best["rank"]}
     else:
         pick = (max if higher else min)(got, key=lambda a: a["value"])
         deploy = {"what": f"agent {pick['rank']}, the best by {label}", "value": pick["value"], "rank": pick["rank"]}
     out = {"metric": key, "label": label, "agents": agents, "deployable": deploy}
-    if strategy == "fsdp" and shard_group:
+    if sharded:
         out["shard_group"] = shard_group  # rows are ranks, not agents
     return out
 

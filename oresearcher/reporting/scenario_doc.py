@@ -18,11 +18,13 @@ import json
 import sys
 import types
 from pathlib import Path
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
+
+from ..scenario.types import TASK_OPTIONS
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "scenario-reference.md"
@@ -80,7 +82,7 @@ def type_name(annotation) -> str:
         return f"list of {len(args)}: " + ", ".join(type_name(a) for a in args)
     if origin is dict:
         return f"mapping of {type_name(args[0])} to {type_name(args[1])}"
-    if args and hasattr(annotation, "__metadata__"):  # Annotated[X, constraints...]
+    if origin is Annotated:  # Annotated[X, constraints...]
         inner, bounds = type_name(args[0]), _bounds(annotation.__metadata__)
         return f"{inner} ({bounds})" if bounds else inner
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
@@ -115,7 +117,7 @@ def section(path: str, model: type[BaseModel]) -> list[str]:
         lines += [" ".join(inspect.cleandoc(doc).split()), ""]
     lines += ["| field | type and range | default | what it is |", "|---|---|---|---|"]
     for name, field in model.model_fields.items():
-        kind = type_name(field.annotation)
+        kind = TASK_OPTIONS if TASK_OPTIONS in field.metadata else type_name(field.annotation)
         bounds = _bounds(field.metadata)
         if bounds:
             kind = f"{kind} ({bounds})"

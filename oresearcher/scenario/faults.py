@@ -95,7 +95,7 @@ class FaultsSpec(_Strict):
     def active(self) -> bool:
         return bool(self.stragglers or self.links or self.failures or self.mtbf_s)
 
-    def check(self, world: int, strategy: str) -> None:
+    def check(self, world: int, strategy) -> None:
         """Ranks inside the world; ``continue`` only where the program can lose an agent."""
         for i, s in enumerate(self.stragglers):
             bad = [r for r in s.ranks if r >= world]
@@ -104,6 +104,6 @@ class FaultsSpec(_Strict):
         for i, f in enumerate(self.failures):
             if f.rank >= world:
                 raise ValueError(f"faults.failures.{i}.rank: rank {f.rank} is outside the {world} ranks")
-            if f.action == "continue" and strategy in ("ddp", "fsdp"):
-                raise ValueError(f"faults.failures.{i}.action: {strategy} needs every rank in each step; "
+            if f.action == "continue" and strategy.needs_every_rank:  # a declared Strategy
+                raise ValueError(f"faults.failures.{i}.action: {strategy.name} needs every rank in each step; "
                                  "use restart")

@@ -31,14 +31,11 @@ def agents_at(raw: dict, ranks: int) -> int:
     """How many agents the role mix counts at ``ranks`` ranks: ranks / shard group size for
     fsdp's sharded agents (``training.strategy: fsdp``, ``fsdp.replicas: fusion``), else
     ranks. ``raw``: the scenario mapping with its overrides applied (``scenario.overridden``)."""
-    fsdp = raw.get("fsdp") if isinstance(raw.get("fsdp"), dict) else {}
+    from ..strategies import find_strategy
+
     training = raw.get("training") if isinstance(raw.get("training"), dict) else {}
-    if training.get("strategy") != "fsdp" or fsdp.get("replicas") != "fusion":
-        return ranks
-    size = fsdp.get("shard_group_size") or 0
-    if type(size) is not int:
-        return ranks  # the scenario's validation names the bad value
-    return ranks // size if size > 0 and ranks % size == 0 else ranks
+    strategy = find_strategy(training.get("strategy"))  # absent or unknown: not sharded (validation names it)
+    return ranks if strategy is None else strategy.agents_at(raw, ranks)
 
 
 def override(raw_agents, count: int) -> Optional[str]:

@@ -18,9 +18,9 @@ the code is seconds, bytes, bytes/s and FLOP/s.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal, Optional
+from typing import TYPE_CHECKING, Annotated, Literal, Optional
 
-from pydantic import Field, PrivateAttr, field_validator, model_validator
+from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from .cooperation import CooperationSpec, DistillSpec
 from ..errors import short
@@ -28,11 +28,15 @@ from ..comm.units import MB
 from .faults import FaultsSpec
 from .convergence import ConvergenceSpec
 from .cluster import ClusterSpec
-from .fsdp import check_fsdp, check_role_mix
+from .fsdp import check_role_mix
 from .finance import FinanceSpec
 from .types import (
-    ALGORITHMS, MAX_BATCH, MAX_SEED, MAX_SEQ, MAX_STEPS, MAX_WORLD, SLUG, STRATEGIES, CodecField, Float, Int, Name,
-    Strict, strategy_alias_error)
+    ALGORITHMS, MAX_BATCH, MAX_SEED, MAX_SEQ, MAX_STEPS, MAX_WORLD, SLUG, CodecField, Float, Int, Name,
+    Strict, TaskOptions, strategy_alias_error)
+
+if TYPE_CHECKING:
+    from ..strategies import Strategy
+    from ..tasks.spec import Task
 
 
 class WorkloadSpec(Strict):
@@ -46,6 +50,9 @@ class WorkloadSpec(Strict):
     dtype: Literal["fp32", "bf16", "fp16"] = Field("bf16", description="compute and gradient dtype")
     optimizer: Literal["adamw", "sgd"] = "adamw"
     activation_checkpointing: bool = False
+    options: TaskOptions = Field(default_factory=dict, validate_default=True,
+                                 description="the task's own settings, checked against the options model its "
+                                 "Task declares (oresearcher.tasks.spec); a task without one takes none")
 
     @field_validator("task")
     @classmethod
@@ -66,6 +73,27 @@ class WorkloadSpec(Strict):
         if model not in known:
             raise ValueError(f"unknown model for task {task}; known: {', '.join(known)}")
         return model
+
+    @field_validator("options", mode="before")
+    @classmethod
+    def _task_options(cls, options, info):
+        from ..tasks import get_task
+
+        task = info.data.get("task")  # declared before options: validated first
+        model = get_task(task).options if task else None
+        options = {} if options is None else options
+        if model is None:
+            if options != {}:
+                raise ValueError(f"task {task} takes no options")
+            return options
+        if isinstance(options, model):
+            return options
+        try:
+            return model.model_validate(options)
+        except ValidationError as e:
+            err = e.errors()[0]
+            where = ".".join(str(p) for p in err["loc"])
+            raise ValueError(f"{where + ': ' if where else ''}{err['msg']}") from None
 
 
 class RoleMix(Strict):
@@ -119,7 +147,9 @@ class CommunicationSpec(Strict):
 
 
 class TrainingSpec(Strict):
-    strategy: Literal[STRATEGIES] = "oresearcher"
+    strategy: Name = Field("oresearcher", description="the agents' program: a name in "
+                           "oresearcher.strategies.STRATEGIES (oresearcher, ddp, local_sgd, diloco, single, fsdp) "
+                           "or one a plug-in registered")
     steps: Int = Field(300, ge=1, le=MAX_STEPS, description="training steps per agent")
     lr: Float = Field(3e-4, gt=0, le=10, description="learning rate (above 10 is a typo)")
     local_steps: Int = Field(10, ge=1, le=MAX_STEPS, description="H for local_sgd/diloco: steps between averaging")
@@ -137,6 +167,14 @@ class TrainingSpec(Strict):
         why = strategy_alias_error(name)
         if why:
             raise ValueError(why)
+        return name
+
+    @field_validator("strategy")
+    @classmethod
+    def _known_strategy(cls, name):
+        from ..strategies import get_strategy
+
+        get_strategy(name)  # ValueError: unknown strategy ..., known: ...
         return name
 
 
@@ -222,8 +260,20 @@ class Scenario(Strict):
         return self
 
     @model_validator(mode="after")
+    def _one_model_one_architecture(self):
+        archs = sorted(set(self.agents.architectures))
+        if self.strategy.shares_model and len(archs) > 1:
+            from ..strategies import all_strategies
+
+            apart = ", ".join(s.name for s in all_strategies() if not s.shares_model)
+            raise ValueError(f"agents.architectures: training.strategy {self.training.strategy} trains one model on "
+                             f"every rank, so its agents cannot differ in architecture (got {', '.join(archs)}); "
+                             f"give them one, or use a strategy whose agents are separate models ({apart})")
+        return self
+
+    @model_validator(mode="after")
     def _faults_fit(self):
-        self.faults.check(self.world_size, self.training.strategy)
+        self.faults.check(self.world_size, self.strategy)
         return self
 
     @model_validator(mode="after")
@@ -249,37 +299,55 @@ class Scenario(Strict):
         p, w = self.cooperation.privacy, self.workload
         if not p.enabled:
             return self
-        if self.training.strategy != "oresearcher":
-            raise ValueError("cooperation.privacy needs training.strategy: oresearcher")
+        if not self.strategy.cooperative:
+            raise ValueError(f"cooperation.privacy needs training.strategy: {_cooperative()}")
         if self.cooperation.roles.optimizer_method == "sam":
             raise ValueError("cooperation.privacy needs cooperation.roles.optimizer_method: swa "
                              "(a SAM ascent step on the raw gradient would leak it)")
-        if w.task == "cartpole":
-            raise ValueError("cooperation.privacy: cartpole's replayed transitions are not a fixed private "
-                             "dataset; privacy runs on supervised tasks")
-        if w.task == "synthetic-lm" and p.dataset_size is None:
-            raise ValueError("cooperation.privacy.dataset_size: synthetic-lm needs it for the sample rate")
+        if self.task.private_data:
+            raise ValueError(f"cooperation.privacy: {self.task.private_data}")
+        if self.task.privacy_needs_dataset_size and p.dataset_size is None:
+            raise ValueError(f"cooperation.privacy.dataset_size: {w.task} needs it for the sample rate")
         return self
 
     @model_validator(mode="after")
     def _fsdp_and_role_mix(self):
-        check_fsdp(self)  # oresearcher.scenario.fsdp
-        check_role_mix(self)
+        if self.strategy.check is not None:  # what the strategy itself refuses (fsdp: its shard groups)
+            self.strategy.check(self)
+        check_role_mix(self)  # oresearcher.scenario.fsdp
         return self
 
     @model_validator(mode="after")
     def _replay_fits(self):
         if not self.cooperation.replay.enabled:
             return self
-        if self.training.strategy != "oresearcher":
-            raise ValueError("cooperation.replay needs training.strategy: oresearcher")
-        if self.workload.task not in ("cartpole", "digits"):
-            raise ValueError(f"cooperation.replay: the shared pool holds cartpole transitions or digits "
-                             f"samples (got workload.task {self.workload.task})")
+        if not self.strategy.cooperative:
+            raise ValueError(f"cooperation.replay needs training.strategy: {_cooperative()}")
+        if not self.task.replay:
+            from ..tasks import TASKS, get_task
+
+            held = " or ".join(f"{n} {get_task(n).replay}" for n in sorted(TASKS) if get_task(n).replay)
+            raise ValueError(f"cooperation.replay: the shared pool holds {held} (got workload.task "
+                             f"{self.workload.task})")
         if self.cooperation.privacy.enabled:
             raise ValueError("cooperation.replay with cooperation.privacy: replayed samples are neither "
                              "subsampled uniformly nor private to one agent, so the accounting would not hold")
         return self
+
+    @property
+    def strategy(self) -> Strategy:
+        """The declared strategy ``training.strategy`` names (oresearcher.strategies); the
+        string stays in the field, so reports and saved scenarios read as before."""
+        from ..strategies import get_strategy
+
+        return get_strategy(self.training.strategy)
+
+    @property
+    def task(self) -> Task:
+        """The declared task ``workload.task`` names (oresearcher.tasks.spec)."""
+        from ..tasks import get_task
+
+        return get_task(self.workload.task)
 
     @property
     def world_size(self) -> int:
@@ -290,4 +358,13 @@ class Scenario(Strict):
         data = self.model_dump(mode="json")
         if data.get("convergence") is None:  # absent: reports of scenarios without it stay as they were
             data.pop("convergence", None)
+        if data["workload"].get("options") == {}:  # likewise a task without options
+            data["workload"].pop("options")
         return data
+
+
+def _cooperative() -> str:
+    """The strategies with the cooperative machinery, as a message names them."""
+    from ..strategies import all_strategies
+
+    return " or ".join(s.name for s in all_strategies() if s.cooperative)

@@ -40,12 +40,15 @@ def _codec_spec(v):
     return parse(v)  # ValueError names the bad part
 
 
+# workload.options: a mapping in the file, the task's own options model once validated (its Task declares it)
+TASK_OPTIONS = "mapping (the task's options)"  # how the scenario reference names its type
+TaskOptions = Annotated[Any, TASK_OPTIONS]
+
 if TYPE_CHECKING:
     from ..codecs.spec import CodecSpec as CodecField
 else:  # parsed once, here: a CodecSpec inside, its text in dumps (reports, saved scenarios)
     CodecField = Annotated[Any, PlainValidator(_codec_spec), PlainSerializer(str, return_type=str)]
 
-STRATEGIES = ("oresearcher", "ddp", "local_sgd", "diloco", "single", "fsdp")
 # asked for by name, answered by another strategy: (strategy, why)
 STRATEGY_ALIASES = {
     "colossalai": ("fsdp", "ColossalAI pins torch <= 2.5.1 and cannot be installed beside this torch; "

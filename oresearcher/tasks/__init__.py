@@ -1,10 +1,12 @@
-"""Tasks: what agents train on. Each task is one module with the same small interface:
+"""Tasks: what agents train on. Each task is one module (or folder) that declares
+``TASK = Task(...)`` (:class:`oresearcher.tasks.spec.Task`): its learner factory
 
     make_learner(scenario, rank, *, mode, device) -> Learner
 
-(see :mod:`oresearcher.models.learner`). ``mode`` is "shape", "numeric" or "real";
-only synthetic-lm supports "shape". New tasks are added to ``TASKS`` and touch nothing
-else.
+(see :mod:`oresearcher.models.learner`; ``mode`` is "shape", "numeric" or "real"), its
+models and what it can do. A new task is its module plus one line in ``TASKS`` and
+touches nothing else: every other module asks the :class:`Task` (``scenario.task``),
+never compares the name.
 """
 from __future__ import annotations
 
@@ -13,7 +15,9 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ..models.learner import Learner
+    from .spec import Task
 
+# workload.task -> the module that declares its TASK (imported when the task is first asked for)
 TASKS = {
     "synthetic-lm": "oresearcher.tasks.synthetic_lm",
     "digits": "oresearcher.tasks.digits",
@@ -22,15 +26,19 @@ TASKS = {
 }
 
 
+def get_task(name: str) -> Task:
+    """The declared :class:`~oresearcher.tasks.spec.Task` of ``workload.task`` ``name``;
+    KeyError for a name that is not in ``TASKS``."""
+    return importlib.import_module(TASKS[name]).TASK
+
+
 def make_learner(scenario, rank: int, *, mode: str, device="cpu") -> Learner:
-    task = scenario.workload.task
-    return importlib.import_module(TASKS[task]).make_learner(scenario, rank, mode=mode, device=device)
+    return get_task(scenario.workload.task).make_learner(scenario, rank, mode=mode, device=device)
 
 
 def model_names(task: str) -> tuple[str, ...]:
-    """The model names ``task`` can build (its MODELS; synthetic-lm: the transformer PRESETS)."""
-    module = importlib.import_module(TASKS[task])
-    return tuple(getattr(module, "MODELS", None) or getattr(module, "PRESETS"))
+    """The model names ``task`` can build (its declared ``models``)."""
+    return get_task(task).models
 
 
 def agent_model(scenario, rank: int, mode: str, models) -> tuple[str, int]:

@@ -36,6 +36,7 @@ from ..errors import UserError
 from . import agent_model
 from ..models.learner import TorchLearner
 from .rewards import centre_band_safety, count_novelty
+from .spec import Task
 from ..models.workloads import measure_module
 from ..seeds import derive, name_salt
 
@@ -302,3 +303,8 @@ def make_learner(scenario, rank: int, *, mode: str, device="cpu") -> CartPoleLea
     return CartPoleLearner(arch, scenario.seed, rank, batch, max(1, ENV_STEPS_PER_STEP // n),
                            scenario.training.steps, scenario.training.lr, w.optimizer,
                            scenario.communication.bucket_bytes)
+
+
+TASK = Task(name="cartpole", make_learner=make_learner, models=MODELS, replay="transitions",
+            private_data="cartpole's replayed transitions are not a fixed private dataset; privacy runs on "
+                         "supervised tasks")

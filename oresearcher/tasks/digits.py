@@ -53,7 +53,8 @@ from torch.func import functional_call
 from .datacache import cached_arrays
 from ..errors import UserError
 from . import agent_model
-from .supervised import ShuffledBatches, expected_calibration_error
+from .supervised import HardExamples, ShuffledBatches, expected_calibration_error
+from .spec import Task
 from ..models.learner import DTYPES, TorchLearner
 from .rewards import overconfident_error_safety, shaped_loss
 from ..models.workloads import measure_module
@@ -197,7 +198,7 @@ class DigitsLearner(TorchLearner):
         super().load_state_dict(state)
         if "data" in state:  # checkpoints from before the data stream was saved lack it
             data = state["data"]
-            if "inner" in data and not hasattr(self.batches, "inner"):  # saved with the hard-example
+            if "inner" in data and not isinstance(self.batches, HardExamples):  # saved with the hard-example
                 self._hard_state, data = data, data["inner"]  # stream, which the program attaches later
             self.batches.load_state_dict(data)
         self.set_peers([(p["arch"], p["flat"]) for p in state.get("peers", [])])
@@ -279,8 +280,6 @@ class DigitsLearner(TorchLearner):
 
     def use_shared_replay(self, shared) -> None:
         """Draw part of every batch from ``shared`` (a SharedReplay) as hard examples."""
-        from .supervised import HardExamples
-
         self.shared_replay = shared
         self.batches = HardExamples(self.batches, shared, self.hard_fraction, seed=derive(shared.rank, 11, prime=SMALL))
         if getattr(self, "_hard_state", None):  # a resumed run: the stream's own generator too
@@ -357,3 +356,7 @@ def make_learner(scenario, rank: int, *, mode: str, device="cpu") -> DigitsLearn
     w = scenario.workload
     return DigitsLearner(arch, scenario.seed, rank, batch, scenario.training.lr, w.optimizer,
                          DTYPES[w.dtype], scenario.communication.bucket_bytes, device)
+
+
+TASK = Task(name="digits", make_learner=make_learner, models=MODELS, build_model=build_model,
+            preprocessing=lambda arch: PREPROCESSING, n_classes=N_CLASSES, replay="samples")

@@ -27,7 +27,6 @@ contradicts. Weights reload bit for bit.
 """
 from __future__ import annotations
 
-import importlib
 import json
 from pathlib import Path
 
@@ -111,8 +110,6 @@ def load_model(directory) -> tuple[torch.nn.Module, dict]:
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    from . import TASKS
-
     meta = read_meta(directory)
     weights = Path(directory) / WEIGHTS
     if not weights.is_file():
@@ -123,7 +120,11 @@ def load_model(directory) -> tuple[torch.nn.Module, dict]:
         tensors = load_file(str(weights))
     except (SafetensorError, OSError, ValueError) as e:
         raise UserError(f"{weights}: not a safetensors file ({short(str(e))})") from None
-    task = importlib.import_module(TASKS[meta["task"]])
+    from . import get_task
+
+    task = get_task(meta["task"])
+    if task.build_model is None:
+        raise UserError(f"{Path(directory) / META}: task {meta['task']} has no exportable model")
     with torch.random.fork_rng(devices=[]):  # building the module draws init weights, all replaced
         module = task.build_model(meta["architecture"])
     want = module.state_dict()
@@ -145,9 +146,8 @@ def load_model(directory) -> tuple[torch.nn.Module, dict]:
 
 def classes_of(task, module: torch.nn.Module):
     """How many classes the model predicts (outputs, for a regression head): the task's
-    N_CLASSES, else its last linear layer's outputs."""
-    n = getattr(task, "N_CLASSES", None)
-    if isinstance(n, int):
-        return n
+    declared ``n_classes``, else its last linear layer's outputs."""
+    if task.n_classes is not None:
+        return task.n_classes
     heads = [m for m in module.modules() if isinstance(m, torch.nn.Linear)]
     return heads[-1].out_features if heads else None

@@ -44,6 +44,7 @@ from ..models.learner import DTYPES, TorchLearner
 from ..models.workloads import measure_module
 from . import finance_compliance as C
 from .supervised import ShuffledBatches, expected_calibration_error
+from .spec import Task
 from .finance_data import DATASETS
 from .finance_models import TabularTransformer, VolatilityLSTM
 from ..seeds import derive, name_salt
@@ -267,3 +268,7 @@ def make_learner(scenario, rank: int, *, mode: str, device="cpu") -> FinanceLear
     check_rules(rules)
     return FinanceLearner(arch, scenario.seed, rank, batch, scenario.training.lr, w.optimizer,
                           DTYPES[w.dtype], scenario.communication.bucket_bytes, rules, device)
+
+
+TASK = Task(name="finance", make_learner=make_learner, models=MODELS, build_model=build_model,
+            preprocessing=preprocessing, single_model_comparison=True)

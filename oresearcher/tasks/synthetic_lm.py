@@ -20,6 +20,7 @@ from ..models import PRESETS, build_model, lm_loss
 from ..models.learner import DTYPES, ShapeLearner, TorchLearner
 from ..models.workloads import measure_lm, per_rank_batch
 from .token_stream import NOISE, Prefetcher, TokenStream  # noqa: F401  (TokenStream: public here too)
+from .spec import Task
 
 
 def token_stream(vocab: int, batch: int, seq_len: int, seed: int, rank: int, noise: float = NOISE) -> TokenStream:
@@ -69,3 +70,7 @@ def make_learner(scenario, rank: int, *, mode: str, device="cpu"):
     return LMLearner(model, optimizer, batches, loss_fn, fwd_flops=cost.fwd_flops,
                         bwd_flops=cost.bwd_flops + cost.recompute_flops, bucket_bytes=comm.bucket_bytes,
                         autocast_dtype=None if w.dtype == "fp32" else DTYPES[w.dtype])
+
+
+TASK = Task(name="synthetic-lm", make_learner=make_learner, models=tuple(PRESETS), shape_mode=True,
+            language_model=True, shardable=True, convergence_proxy=True, privacy_needs_dataset_size=True)

@@ -28,14 +28,14 @@ def test_shards_are_disjoint_and_cover_the_split(total, count):
 
 
 class _NoShards:
-    """A learner without the predict hooks (as cartpole and finance)."""
+    """A learner without the predict hooks (as cartpole and finance): it declares them absent (None)."""
 
     def __init__(self, inner):
         self.inner = inner
 
     def __getattr__(self, name):
         if name in ("task_data", "predict_params"):
-            raise AttributeError(name)
+            return None
         return getattr(self.inner, name)
 
 

@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from oresearcher import ops as O
-from oresearcher.programs import _PROGRAMS, get_program
-from oresearcher.models.learner import Learner, ShapeLearner
+from oresearcher.programs import get_program
+from oresearcher.strategies import STRATEGIES
+from oresearcher.models.learner import Learner, LearnerBase, ShapeLearner
 from oresearcher.scenario import load_scenario
 from oresearcher.tasks import TASKS, make_learner
 
@@ -32,7 +33,7 @@ def test_a_shape_learner_is_one_and_an_object_missing_a_member_is_not():
     assert not isinstance(NoStep(), Learner)  # optimizer_step missing
 
 
-@pytest.mark.parametrize("strategy", sorted(_PROGRAMS))
+@pytest.mark.parametrize("strategy", sorted(STRATEGIES))
 def test_every_strategy_is_a_program_function(strategy):
     fn = get_program(strategy)
     assert list(inspect.signature(fn).parameters)[:2] == ["ctx", "learner"]
@@ -47,3 +48,23 @@ def test_a_program_is_a_generator_of_ops():
     gen = prog()
     assert isinstance(next(gen), O.Op)
     assert isinstance(gen.send([torch.empty(8, device="meta")]), O.AllReduce)
+
+
+@pytest.mark.parametrize("task", sorted(TASKS))
+def test_every_learner_declares_what_it_offers_instead_of_being_probed(task):
+    """Optional capabilities are declared on LearnerBase with their "absent" value (None);
+    a task's learner that has one overrides it with a method, so programs never need hasattr."""
+    sc = load_scenario(f"scenarios/{SCENARIO[task]}.yaml")
+    learner = make_learner(sc, 0, mode="numeric")
+    assert isinstance(learner, LearnerBase) and learner.restorable and not learner.sharded
+    for name in ("evaluate_params", "predict_params", "task_data", "heldout_labels", "val_size", "set_peers",
+                 "set_peer_term", "set_reward_weights", "set_exploration", "set_fixed_epsilon", "use_shared_replay"):
+        offered = getattr(learner, name)
+        assert offered is None or callable(offered), name
+    assert learner.arch_numel(learner.arch or "any") > 0
+
+
+def test_a_shape_learner_offers_nothing_beyond_the_protocol():
+    shape = ShapeLearner([3, 4], 1.0, 2.0)
+    assert shape.module is None and shape.optimizer is None and tuple(shape.params) == ()
+    assert not shape.restorable and shape.evaluate_params is None and shape.arch_numel("x") == 7
