@@ -117,7 +117,7 @@ def cooperative(ctx, learner):
     ids = arch_ids(sc)
     share_group = arch_group(ids, rank)
     members = share_group or tuple(range(n))
-    pad_to = max((learner.arch_numel(a) if hasattr(learner, "arch_numel") else learner.numel) for a in ids)
+    pad_to = max(learner.arch_numel(a) for a in ids)
     lr_mult, knob_mult = initial_lr_mult(sc.seed, n, cfg.roles.lr_range, cfg.roles.knob_range)
     st = ctx.register("group", GroupState(R.initial_roles(n, sc.agents.roles, cfg.roles.policy), lr_mult,
                                           knob_mult=knob_mult))
@@ -132,7 +132,7 @@ def cooperative(ctx, learner):
     replay = agent_replay(ctx, learner) if cfg.replay.enabled else None
     loop = ctx.register("loop", LoopState())
     budget = BudgetRun(ctx, costs) if sc.communication.budget is not None else None  # oresearcher.cooperation.budget
-    if cfg.ensemble.train and ctx.numeric and hasattr(learner, "heldout_labels"):  # fitted every round
+    if cfg.ensemble.train and ctx.numeric and learner.heldout_labels is not None:  # fitted every round
         ctx.register("ensemble", E.from_scenario(sc, learner.n_classes))
     if "loop" in ctx.restored:
         _resumed(ctx, learner, loop, rounds)
@@ -153,7 +153,7 @@ def cooperative(ctx, learner):
         my_steps = max(1, steps_now[rank])  # >= 1 so every round ends on a StepDone
         shared_steps = min(max(1, steps_now[i]) for i in members)
         world_steps = min(max(1, x) for x in steps_now)  # replay rounds: every agent takes part
-        if replay is not None and cfg.replay.apex_epsilon and hasattr(learner, "set_fixed_epsilon"):
+        if replay is not None and cfg.replay.apex_epsilon and learner.set_fixed_epsilon is not None:
             learner.set_fixed_epsilon(RS.apex_epsilons(st.roles)[rank])
         losses, metrics = [], {}
         if budget is not None:
@@ -198,7 +198,7 @@ def cooperative(ctx, learner):
         ctx.mark_boundary(sum(rounds[:rnd + 1]) - 1)
         yield StepDone(step, metrics)
         step += 1
-    return getattr(learner, "cooperative_result", None)
+    return learner.cooperative_result
 
 
 def _resumed(ctx, learner, loop, rounds) -> None:
@@ -207,7 +207,7 @@ def _resumed(ctx, learner, loop, rounds) -> None:
     if ctx.start_step != sum(rounds[:loop.round]):
         log.warning("resuming at round %d (nominal step %d), but the backend resumes at step %d",
                     loop.round, sum(rounds[:loop.round]), ctx.start_step)
-    if loop.round and hasattr(learner, "set_reward_weights"):  # as _round_end set them last
+    if loop.round and learner.set_reward_weights is not None:  # as _round_end set them last
         learner.set_reward_weights(scheduled_weights(sc.agents.reward_weights, loop.round / len(rounds),
                                                      sc.cooperation.rewards.schedule,
                                                      sc.cooperation.rewards.novelty_boost))
@@ -223,11 +223,11 @@ def _round_end(ctx, learner, st, alloc, outer, swa, ids, pad_to, losses, progres
     train_loss = float(torch.tensor(losses).nanmean()) if losses else float("nan")
     pub = yield from validate(ctx, learner, flats, ids, st.roles, train_loss, numeric, budget)
     weights = scheduled_weights(sc.agents.reward_weights, progress, cfg.rewards.schedule, cfg.rewards.novelty_boost)
-    if hasattr(learner, "set_reward_weights"):
+    if learner.set_reward_weights is not None:
         learner.set_reward_weights(weights)
     members = [i for i, a in enumerate(ids) if a == ids[rank]]
     me = members.index(rank)
-    numel = learner.arch_numel(ids[rank]) if hasattr(learner, "arch_numel") else learner.numel
+    numel = learner.arch_numel(ids[rank])
     if not numeric:  # shape mode: charge the fusion arithmetic, keep roles and shares
         yield Compute(flops=2.0 * len(members) * numel, name="fusion")
         steps, _ = alloc.plan([0.0] * n, units, [step_cost(r, cfg.roles.optimizer_method) for r in st.roles]) if units else ([], None)
@@ -236,7 +236,7 @@ def _round_end(ctx, learner, st, alloc, outer, swa, ids, pad_to, losses, progres
         raise D.AllExcluded(D.excluded_message(f"round {st.round}", n, "agents have a non-finite or diverging "
                                                "loss", sc.training.lr))
     rel, rew = round_rewards(pub, weights)
-    if cfg.rewards.shape_loss and cfg.rewards.peer_term != "none" and hasattr(learner, "set_peers"):
+    if cfg.rewards.shape_loss and cfg.rewards.peer_term != "none" and learner.set_peers is not None:
         # the peer ensemble of the shaped loss (its forwards are charged in fwd_flops)
         peers = [(ids[j], flats[j]) for j in range(n) if j != rank and not bool(pub.excluded[j])]
         yield Compute(learner.set_peers, peers, name="peer_snapshot")

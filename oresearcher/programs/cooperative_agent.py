@@ -13,7 +13,7 @@ from .cooperative_round import step_cost
 
 
 def set_lr(learner, lr: float) -> None:
-    for g in getattr(getattr(learner, "optimizer", None), "param_groups", ()):
+    for g in (learner.optimizer.param_groups if learner.optimizer is not None else ()):
         g["lr"] = lr
 
 
@@ -37,7 +37,7 @@ def agent_privacy(ctx, learner):
     split unless ``privacy.dataset_size`` says otherwise)."""
     sc = ctx.scenario
     batch = getattr(getattr(learner, "batches", None), "batch", None) or per_rank_batch(sc)
-    size = sc.cooperation.privacy.dataset_size or getattr(learner, "train_size", None) or batch
+    size = sc.cooperation.privacy.dataset_size or learner.train_size or batch
     return ctx.register("privacy", P.from_scenario(sc, ctx.rank, batch, size))
 
 
@@ -45,28 +45,28 @@ def agent_replay(ctx, learner):
     """This agent's replica of the shared prioritized pool (oresearcher.cooperation.replay_sharing)."""
     sc, c = ctx.scenario, ctx.scenario.cooperation.replay
     batch = getattr(getattr(learner, "batches", None), "batch", 1)
-    spec = getattr(learner, "replay_spec", {})
+    spec = learner.replay_spec or {}
     pool = PrioritizedReplay(c.capacity, c.alpha, c.beta_start, beta_steps=sc.training.steps)
     shared = ctx.register("replay", RS.SharedReplay(pool, spec, ctx.rank, c.quota, c.sync_every * batch))
-    if hasattr(learner, "use_shared_replay"):
+    if learner.use_shared_replay is not None:
         learner.use_shared_replay(shared)
     return shared
 
 
 def set_peer_term(learner, rewards, progress: float) -> None:
     """The shaped loss's peer term and the agreement weight at ``progress``."""
-    if hasattr(learner, "set_peer_term"):
+    if learner.set_peer_term is not None:
         learner.set_peer_term(rewards.peer_term, agreement_weight(rewards.agreement_weight, progress,
                                                                   rewards.schedule))
 
 
 def current_lr(learner) -> float:
-    groups = getattr(getattr(learner, "optimizer", None), "param_groups", None)
+    groups = learner.optimizer.param_groups if learner.optimizer is not None else None
     return float(groups[0]["lr"]) if groups else float("nan")
 
 
 def configure(learner, cfg, role, lr_mult, sc) -> None:
     """Apply a role's knobs to the learner before its local steps."""
     set_lr(learner, role_lr(cfg, role, lr_mult, sc.training.lr))
-    if hasattr(learner, "set_exploration"):
+    if learner.set_exploration is not None:
         learner.set_exploration(cfg.roles.explorer_epsilon_scale if role == "explorer" else 1.0)

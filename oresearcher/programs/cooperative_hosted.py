@@ -100,9 +100,9 @@ class SliceClock:
 
 def state_tensors(learner) -> list:
     """Parameters, gradients and optimizer state: what an agent's switch moves."""
-    out = [p for p in getattr(learner, "params", [])]
-    out += [p.grad for p in getattr(learner, "params", []) if p.grad is not None]
-    opt = getattr(learner, "optimizer", None)
+    out = [p for p in learner.params]
+    out += [p.grad for p in learner.params if p.grad is not None]
+    opt = learner.optimizer
     for st in (opt.state.values() if opt is not None else ()):
         out += [v for v in st.values() if torch.is_tensor(v) and v.dim() > 0]
     return out

@@ -129,7 +129,7 @@ def score_rows(ctx, learner, budget, agents=None):
     """The validation rows scored this round (``budget``: (FLOPs, seed) for scoring
     ``agents`` agents, default all), or None: the whole split (no budget, or a learner that
     cannot predict on given rows)."""
-    per = getattr(learner, "eval_flops", None)
+    per = learner.eval_flops
     if budget is None or not isinstance(per, float) or not V.can_shard(learner):
         return None
     total = len(learner.task_data("val")[1])
@@ -141,11 +141,11 @@ def own_rows(ctx, learner, budget, arch):
     """Rows of ``arch``'s own validation split one agent is scored on this round, for a
     learner that scores given rows of each architecture's split (``val_size``,
     ``evaluate_params(flat, arch, rows)``): its 1/n of the budget; None: the whole split."""
-    if budget is None or not hasattr(learner, "val_size") or "ensemble" in ctx.state:
+    if budget is None or learner.val_size is None or "ensemble" in ctx.state:
         return None
     total = learner.val_size(arch)
     per = learner.eval_flops(arch) / total
-    size = V.subsample_size(total, budget[0] / ctx.world_size, per, 1, getattr(learner, "min_score_rows", V.MIN_ROWS))
+    size = V.subsample_size(total, budget[0] / ctx.world_size, per, 1, learner.min_score_rows or V.MIN_ROWS)
     return V.subsample_rows(total, size, budget[1]) if size < total else None
 
 
@@ -159,7 +159,7 @@ def validate(ctx, learner, flats, ids, roles, train_loss, numeric, budget=None):
     v, count = V.validator_slot(roles, ctx.rank)
     sub = score_rows(ctx, learner, budget) if numeric and "ensemble" not in ctx.state else None
     shards = (count > 1 or sub is not None) and V.can_shard(learner) and "ensemble" not in ctx.state
-    if v >= 0 and (shards or v == 0) and numeric and hasattr(learner, "evaluate_params"):
+    if v >= 0 and (shards or v == 0) and numeric and learner.evaluate_params is not None:
         results = []
         for j in range(n):
             own = None if shards else own_rows(ctx, learner, budget, ids[j])
@@ -236,7 +236,7 @@ def _exploit_optimizer_state(ctx, learner, pairs):
     """PBT exploit copies the winner's optimizer state too (a Send from the winner, a Recv
     by the loser; the same pairs on every rank). Learners without a torch optimizer
     (shape mode, foreign tasks) have none to copy."""
-    if not (hasattr(learner, "optimizer") and hasattr(learner, "params")):
+    if learner.optimizer is None or not learner.params:
         return
     for loser, winner in pairs:
         if ctx.rank == winner:
