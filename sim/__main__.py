@@ -22,12 +22,12 @@ import sys
 import time
 from pathlib import Path
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from oresearcher.reporting import plots
 from oresearcher.reporting.console import console, print_report, run_title
-from oresearcher.errors import Parser, UserError, cli_main
+from oresearcher.errors import Parser, UserError, cli_main, short
 from oresearcher.reporting.progress import ProgressLines
 from oresearcher.reporting.report import write_json
 from oresearcher.scenario import check_resize, load_scenario, parse_override
@@ -40,7 +40,7 @@ from oresearcher.files import writable_dir
 from .bench import OPS, bench_cluster, bench_png, bus_factor, collective_bench, read_reference, reference_error
 from .numeric_cost import numeric_note
 from .simulate import resolve_mode, simulate
-from .convergence import attach
+from .convergence import attach, proxy_note
 
 
 
@@ -63,7 +63,9 @@ class _LazyProgress:
         if self.bar is None:
             if time.monotonic() - self.t0 < 1.0:
                 return
-            self.bar = Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
+            # the label is the user's text (a sweep's "field=value"): printed as typed, never as markup
+            self.bar = Progress(TextColumn("{task.description}", style="progress.description", markup=False),
+                                BarColumn(), MofNCompleteColumn(),
                                 TimeElapsedColumn(), transient=True, console=console)
             self.bar.start()
             self.task = self.bar.add_task(self.label, total=self.total)
@@ -87,6 +89,8 @@ def _run_one(args, overrides, label):
         console.print(note, highlight=False)
     if (args.mode or resolve_mode(scenario)) == "numeric" and (note := numeric_note(scenario)):
         console.print(note, highlight=False)  # before the first step: long work says so up front
+    if note := proxy_note(scenario):  # the convergence proxy's training, estimated the same way
+        console.print(note, highlight=False)
     progress = _LazyProgress(scenario.training.steps, label)
     try:
         report, tl = simulate(scenario, mode=args.mode, on_step=progress, exact=args.exact)
@@ -96,10 +100,34 @@ def _run_one(args, overrides, label):
     return scenario, report, tl
 
 
+def out_dir(args, name: str) -> Path:
+    """The output directory, checked before anything runs: writable (a file in the way, a
+    read-only disk: one line), and not a real run's directory, whose measured report,
+    trace and figures a prediction must never replace (a sim writes the same names)."""
+    from oresearcher.files import Unreadable, read_json
+
+    out = Path(args.out or f"runs/{name}")
+    writable_dir(out)
+    flag = f"--out {out}" if args.out else f"{out} (the default --out)"
+    if (out / "run.json").exists() or (out / "run.json").is_symlink():
+        raise UserError(f"{flag} holds a real run (run.json); a prediction gets its own directory, "
+                        f"e.g. --out {out}/predicted")
+    try:
+        report = read_json(out / "report.json")
+    except FileNotFoundError:
+        return out
+    except (Unreadable, OSError) as e:
+        raise UserError(f"{flag}: its report.json is not a prediction's ({e}); move it aside or give another --out") from None
+    if not isinstance(report, dict) or report.get("backend") != "sim":
+        what = report.get("backend") if isinstance(report, dict) else None
+        raise UserError(f"{flag} holds a measured report ({short(what or 'not a prediction', 40)}); a prediction "
+                        f"gets its own directory, e.g. --out {out}/predicted")
+    return out
+
+
 def cmd_simulate(args) -> int:
+    out = out_dir(args, _load(args, args.set).name)  # before the simulation: nothing computed is lost
     scenario, report, tl = _run_one(args, args.set, "simulating steps")
-    out = Path(args.out or f"runs/{scenario.name}")
-    writable_dir(out)  # a file in the way, a read-only disk: one line, not a traceback
     print_report(report, run_title(report))
     eng = report.get("engine")
     if eng:  # how the run was computed (sim/symmetry.py); the figures are the same either way
@@ -136,8 +164,12 @@ def cmd_sweep(args) -> int:
     raw = args.sweep.split("=", 1)[1].split(",")
     if len(values) == 1 and len(raw) > 1:
         values = [parse_override(f"x={v}")[1] for v in raw]
+    if not values:
+        raise UserError(f"--sweep {short(args.sweep, 80)}: no values to sweep (give V1,V2,...)")
     for v in values:  # every value is checked before any runs: a bad one costs nothing
-        _load(args, [*args.set, f"{field}={v}"])
+        proxy_note(_load(args, [*args.set, f"{field}={v}"]))  # an hour of proxy training is refused here too
+    name = load_scenario(args.scenario, args.set).name
+    out = out_dir(args, name)
     if args.jobs == 1 and args.sweep_backend == "process":
         reports = []
         for v in values:
@@ -159,9 +191,6 @@ def cmd_sweep(args) -> int:
         from oresearcher.reporting import convergence_view as cview
 
         console.print(cview.sweep_table(field, values, reports))
-    name = load_scenario(args.scenario, args.set).name
-    out = Path(args.out or f"runs/{name}")
-    writable_dir(out)  # a file in the way, a read-only disk: one line, not a traceback
     keep = ("step_time_s", "compute_time_s", "comm_time_s", "exposed_comm_time_s", "comm_overhead", "wire_bytes_per_step")
     write_json(out / "sweep.json", {"field": field, "values": values,
                                     "results": [{k: r[k] for k in keep if k in r} for r in reports]})
@@ -196,6 +225,7 @@ def _num(x: float) -> str:
 
 def cmd_bench(args) -> int:
     scenario = load_scenario(args.scenario, args.set)
+    out = out_dir(args, scenario.name)
     device, topo = bench_cluster(scenario)
     refs = [(Path(f).stem, read_reference(f, bus_factor(args.collective_bench, topo.world_size)))
             for f in args.reference]
@@ -219,8 +249,6 @@ def cmd_bench(args) -> int:
     errors = {label: reference_error(rows, ref) for label, ref in refs}
     for i, (label, e) in enumerate(errors.items()):
         console.print(f"ref {i + 1}: {label}\n  error {e:.1%} = exp(mean |ln(simulated/measured)|) - 1")
-    out = Path(args.out or f"runs/{scenario.name}")
-    writable_dir(out)  # a file in the way, a read-only disk: one line, not a traceback
     write_json(out / f"collective_bench_{op}.json", {"op": op, "world_size": topo.world_size, "launch": args.launch,
                                                       "rows": rows, "reference_error": errors})
     bench_png(op, rows, out / f"collective_bench_{op}.png", f"simulated {what}", refs)
@@ -259,6 +287,30 @@ def check_flags(args) -> None:
     field = (args.sweep or "").split("=", 1)[0].strip()
     if field and (same := [s for s in args.set if s.split("=", 1)[0].strip() == field]):
         raise UserError(f"--sweep {field}=... and --set {same[0]} both set {field}; give one")
+    if args.target_loss is not None:
+        check_target_loss(args, field)
+
+
+def check_target_loss(args, swept: str) -> None:
+    """--target-loss sets convergence.target_loss: refused beside another setting of that
+    field, and beside the collective benchmark (no training, no loss); its value is checked
+    here so the line names the flag the user typed, not the --set it becomes."""
+    import math
+
+    target = "convergence.target_loss"
+    if args.collective_bench:
+        raise UserError("--target-loss applies to a simulated training run, not to --collective-bench")
+    def sets_target(text: str) -> bool:
+        key, _, value = text.partition("=")
+        return key.strip() == target or (key.strip() == "convergence" and "target_loss" in value)
+
+    if same := [s for s in args.set if sets_target(s)]:
+        raise UserError(f"--target-loss {args.target_loss:g} and --set {short(same[0], 80)} both set {target}; give one")
+    if args.sweep and sets_target(args.sweep):
+        raise UserError(f"--target-loss {args.target_loss:g} and --sweep {swept}=... both set {target}; give one")
+    if not (math.isfinite(args.target_loss) and 0 < args.target_loss <= 100):
+        raise UserError(f"--target-loss {args.target_loss:g}: expected a loss in nats per token, > 0 and <= 100 "
+                        f"(it sets {target})")
 
 
 def parse_args(argv):

@@ -139,6 +139,6 @@ def print_table(rows: list[dict], title: str) -> None:
     for r in rows:
         err = "-" if r["error"] is None else f"{r['error']:+.1%}"
         t.add_row(r["label"], fmt(r["predicted"], r["unit"]), fmt(r["measured"], r["unit"]), err)
-    console = Console()
+    console = Console(markup=False)  # names and values are the user's text, printed as typed
     console.print(t)
     console.print(NOTE, highlight=False)
