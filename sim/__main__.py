@@ -35,11 +35,11 @@ from oresearcher.scenario.shipped import find_scenario
 from oresearcher.tasks import batch_note
 from oresearcher.reporting.trace import write_trace
 from oresearcher.reporting.units import format_bytes
-from oresearcher.files import writable_dir
 
 from .bench import OPS, bench_cluster, bench_png, bus_factor, collective_bench, read_reference, reference_error
 from .numeric_cost import numeric_note
 from .simulate import resolve_mode, simulate
+from .cli_checks import check_target_loss, out_dir, per_rank_note
 from .convergence import attach, proxy_note
 
 
@@ -91,6 +91,8 @@ def _run_one(args, overrides, label):
         console.print(note, highlight=False)  # before the first step: long work says so up front
     if note := proxy_note(scenario):  # the convergence proxy's training, estimated the same way
         console.print(note, highlight=False)
+    if note := per_rank_note(scenario, args.mode or resolve_mode(scenario), args.exact):
+        console.print(note, highlight=False)
     progress = _LazyProgress(scenario.training.steps, label)
     try:
         report, tl = simulate(scenario, mode=args.mode, on_step=progress, exact=args.exact)
@@ -98,31 +100,6 @@ def _run_one(args, overrides, label):
         progress.close()
     attach(scenario, report, log=lambda line: console.print(line, style="dim", highlight=False))
     return scenario, report, tl
-
-
-def out_dir(args, name: str) -> Path:
-    """The output directory, checked before anything runs: writable (a file in the way, a
-    read-only disk: one line), and not a real run's directory, whose measured report,
-    trace and figures a prediction must never replace (a sim writes the same names)."""
-    from oresearcher.files import Unreadable, read_json
-
-    out = Path(args.out or f"runs/{name}")
-    writable_dir(out)
-    flag = f"--out {out}" if args.out else f"{out} (the default --out)"
-    if (out / "run.json").exists() or (out / "run.json").is_symlink():
-        raise UserError(f"{flag} holds a real run (run.json); a prediction gets its own directory, "
-                        f"e.g. --out {out}/predicted")
-    try:
-        report = read_json(out / "report.json")
-    except FileNotFoundError:
-        return out
-    except (Unreadable, OSError) as e:
-        raise UserError(f"{flag}: its report.json is not a prediction's ({e}); move it aside or give another --out") from None
-    if not isinstance(report, dict) or report.get("backend") != "sim":
-        what = report.get("backend") if isinstance(report, dict) else None
-        raise UserError(f"{flag} holds a measured report ({short(what or 'not a prediction', 40)}); a prediction "
-                        f"gets its own directory, e.g. --out {out}/predicted")
-    return out
 
 
 def cmd_simulate(args) -> int:
@@ -289,28 +266,6 @@ def check_flags(args) -> None:
         raise UserError(f"--sweep {field}=... and --set {same[0]} both set {field}; give one")
     if args.target_loss is not None:
         check_target_loss(args, field)
-
-
-def check_target_loss(args, swept: str) -> None:
-    """--target-loss sets convergence.target_loss: refused beside another setting of that
-    field, and beside the collective benchmark (no training, no loss); its value is checked
-    here so the line names the flag the user typed, not the --set it becomes."""
-    import math
-
-    target = "convergence.target_loss"
-    if args.collective_bench:
-        raise UserError("--target-loss applies to a simulated training run, not to --collective-bench")
-    def sets_target(text: str) -> bool:
-        key, _, value = text.partition("=")
-        return key.strip() == target or (key.strip() == "convergence" and "target_loss" in value)
-
-    if same := [s for s in args.set if sets_target(s)]:
-        raise UserError(f"--target-loss {args.target_loss:g} and --set {short(same[0], 80)} both set {target}; give one")
-    if args.sweep and sets_target(args.sweep):
-        raise UserError(f"--target-loss {args.target_loss:g} and --sweep {swept}=... both set {target}; give one")
-    if not (math.isfinite(args.target_loss) and 0 < args.target_loss <= 100):
-        raise UserError(f"--target-loss {args.target_loss:g}: expected a loss in nats per token, > 0 and <= 100 "
-                        f"(it sets {target})")
 
 
 def parse_args(argv):
