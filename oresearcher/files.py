@@ -125,9 +125,10 @@ def read_json(path: Path, max_bytes: int = 64 << 20):
     except OSError as e:
         why = "a symbolic link" if path.is_symlink() else (e.strerror or str(e))
         raise Unreadable(f"{why}, not a file this program wrote") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # a directory, a FIFO, a device
+        os.close(fd)
+        raise Unreadable("not a regular file")
     with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise Unreadable("not a regular file")
         raw = f.read(max_bytes + 1)
     if len(raw) > max_bytes:
         raise Unreadable(f"over {max_bytes:,} bytes")

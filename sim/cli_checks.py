@@ -31,6 +31,8 @@ def out_dir(args, name: str) -> Path:
     if (out / "run.json").exists() or (out / "run.json").is_symlink():
         raise UserError(f"{flag} holds a real run (run.json); a prediction gets its own directory, "
                         f"e.g. --out {out}/predicted")
+    if (out / "report.json").is_symlink():
+        return out  # replaced by the write, never followed: whatever it points to is left as it is
     try:
         report = read_json(out / "report.json")
     except FileNotFoundError:
@@ -39,7 +41,7 @@ def out_dir(args, name: str) -> Path:
         raise UserError(f"{flag}: its report.json is not a prediction's ({e}); move it aside or give another --out") from None
     if not isinstance(report, dict) or report.get("backend") != "sim":
         what = report.get("backend") if isinstance(report, dict) else None
-        what = f"backend {short(str(what), 40)}" if what is not None else "not a prediction's"
+        what = f"backend {str(what)[:40]}" if what is not None else "not a prediction's"
         raise UserError(f"{flag} holds a measured report ({what}); a prediction "
                         f"gets its own directory, e.g. --out {out}/predicted")
     return out
