@@ -161,3 +161,26 @@ def writable_dir(path: Path, flag: str = "--out") -> Path:
     if not os.access(path, os.W_OK | os.X_OK):
         raise UserError(f"{flag} {path}: the directory is not writable")
     return path
+
+
+def check_dir(path: Path, flag: str = "--out") -> Path:
+    """What :func:`writable_dir` would refuse, said without creating anything: checked
+    before a run, so a refused run leaves no directory behind; :func:`writable_dir`
+    creates it when the results are written."""
+    import os
+
+    from .errors import UserError
+
+    path = Path(path)
+    if path.exists():
+        if not path.is_dir():
+            raise UserError(f"{flag} {path}: a file, not a directory")
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise UserError(f"{flag} {path}: the directory is not writable")
+        return path
+    above = next((p for p in path.absolute().parents if p.exists()), None)
+    if above is not None and not above.is_dir():
+        raise UserError(f"{flag} {path}: {above} is a file, so no directory can be made under it")
+    if above is not None and not os.access(above, os.W_OK | os.X_OK):
+        raise UserError(f"{flag} {path}: cannot create the directory: {above} is not writable")
+    return path

@@ -28,6 +28,7 @@ from rich.table import Table
 from oresearcher.reporting import plots
 from oresearcher.reporting.console import console, print_report, run_title
 from oresearcher.errors import Parser, UserError, cli_main, short
+from oresearcher.files import writable_dir
 from oresearcher.reporting.progress import ProgressLines
 from oresearcher.reporting.report import write_json
 from oresearcher.scenario import check_resize, load_scenario, parse_override
@@ -105,6 +106,7 @@ def _run_one(args, overrides, label):
 def cmd_simulate(args) -> int:
     out = out_dir(args, _load(args, args.set).name)  # before the simulation: nothing computed is lost
     scenario, report, tl = _run_one(args, args.set, "simulating steps")
+    writable_dir(out)
     print_report(report, run_title(report))
     eng = report.get("engine")
     if eng:  # how the run was computed (sim/symmetry.py); the figures are the same either way
@@ -169,6 +171,7 @@ def cmd_sweep(args) -> int:
 
         console.print(cview.sweep_table(field, values, reports))
     keep = ("step_time_s", "compute_time_s", "comm_time_s", "exposed_comm_time_s", "comm_overhead", "wire_bytes_per_step")
+    writable_dir(out)
     write_json(out / "sweep.json", {"field": field, "values": values,
                                     "results": [{k: r[k] for k in keep if k in r} for r in reports]})
     plots.sweep_png(field, values, reports, out / "sweep.png", title=f"{name}: sweep of {field}")
@@ -226,6 +229,7 @@ def cmd_bench(args) -> int:
     errors = {label: reference_error(rows, ref) for label, ref in refs}
     for i, (label, e) in enumerate(errors.items()):
         console.print(f"ref {i + 1}: {label}\n  error {e:.1%} = exp(mean |ln(simulated/measured)|) - 1")
+    writable_dir(out)
     write_json(out / f"collective_bench_{op}.json", {"op": op, "world_size": topo.world_size, "launch": args.launch,
                                                       "rows": rows, "reference_error": errors})
     bench_png(op, rows, out / f"collective_bench_{op}.png", f"simulated {what}", refs)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from oresearcher.errors import UserError, short
-from oresearcher.files import writable_dir
+from oresearcher.files import check_dir
 
 # The per-rank engine (one SimPy process per rank) at these sizes, measured on one core
 # (cooperative program, shape mode): 1,024 ranks 25 s and 0.7 GB, 4,096 ranks 260 s and
@@ -20,13 +20,13 @@ PER_RANK_NOTE = 1024
 
 
 def out_dir(args, name: str) -> Path:
-    """The output directory, checked before anything runs: writable (a file in the way, a
-    read-only disk: one line), and not a real run's directory, whose measured report,
+    """The output directory, checked before anything runs (and created only when the
+    results are written): writable (a file in the way, a read-only disk: one line), and not a real run's directory, whose measured report,
     trace and figures a prediction must never replace (a sim writes the same names)."""
     from oresearcher.files import Unreadable, read_json
 
     out = Path(args.out or f"runs/{name}")
-    writable_dir(out)
+    check_dir(out)  # nothing created yet: a refusal further on leaves no directory behind
     flag = f"--out {out}" if args.out else f"{out} (the default --out)"
     if (out / "run.json").exists() or (out / "run.json").is_symlink():
         raise UserError(f"{flag} holds a real run (run.json); a prediction gets its own directory, "

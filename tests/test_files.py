@@ -143,3 +143,15 @@ def test_no_project_module_writes_a_file_around_the_helper():
                 if pattern.search(line):
                     hits.append(f"{rel}:{n}: {line.strip()}")
     assert not hits, "\n".join(hits)
+
+
+def test_check_dir_refuses_what_writable_dir_would_and_creates_nothing(tmp_path):
+    from oresearcher.errors import UserError
+
+    (tmp_path / "f").write_text("")
+    with pytest.raises(UserError, match="a file, not a directory"):
+        files.check_dir(tmp_path / "f")
+    with pytest.raises(UserError, match="is a file, so no directory can be made under it"):
+        files.check_dir(tmp_path / "f" / "sub" / "deeper")
+    assert files.check_dir(tmp_path / "new" / "sub") == tmp_path / "new" / "sub"
+    assert not (tmp_path / "new").exists()
