@@ -80,13 +80,14 @@ def tokens_to_loss(law: ScalingLaw, n_params: float, target: float, multiplier: 
     gap = target - floor(law, n_params)
     if gap <= 0:
         return math.inf
-    # in logs: with a small beta (0.001) the power overflows a float long before it is
-    # meaningless; past float range the target is as good as never reached
-    log_tokens = (math.log(law.B) - math.log(gap)) / law.beta - math.log(multiplier)
-    return math.exp(log_tokens) if log_tokens < LOG_MAX_TOKENS else math.inf
+    # with a small beta (0.001) the power overflows a float: checked in logs first, past
+    # MAX_TOKENS the target is as good as never reached
+    if (math.log(law.B) - math.log(gap)) / law.beta - math.log(multiplier) > math.log(MAX_TOKENS):
+        return math.inf
+    return (law.B / gap) ** (1.0 / law.beta) / multiplier
 
 
-LOG_MAX_TOKENS = math.log(1e300)  # tokens_to_loss past this is math.inf (never, in float)
+MAX_TOKENS = 1e300  # tokens_to_loss past this is math.inf (never, in float)
 
 
 def smooth(values: Sequence[float], window: int) -> list[float]:
