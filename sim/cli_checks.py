@@ -21,8 +21,9 @@ PER_RANK_NOTE = 1024
 
 def out_dir(args, name: str) -> Path:
     """The output directory, checked before anything runs (and created only when the
-    results are written): writable (a file in the way, a read-only disk: one line), and not a real run's directory, whose measured report,
-    trace and figures a prediction must never replace (a sim writes the same names)."""
+    results are written): writable (a file in the way, a read-only disk: one line), and
+    not a real run's directory, whose measured report, trace and figures a prediction
+    must never replace (a sim writes the same names)."""
     from oresearcher.files import Unreadable, read_json
 
     out = Path(args.out or f"runs/{name}")
@@ -38,7 +39,8 @@ def out_dir(args, name: str) -> Path:
     except FileNotFoundError:
         return out
     except (Unreadable, OSError) as e:
-        raise UserError(f"{flag}: its report.json is not a prediction's ({e}); move it aside or give another --out") from None
+        raise UserError(f"{flag}: its report.json is not a prediction's ({e}); move it aside or give "
+                        "another --out") from None
     if not isinstance(report, dict) or report.get("backend") != "sim":
         what = report.get("backend") if isinstance(report, dict) else None
         what = f"backend {str(what)[:40]}" if what is not None else "not a prediction's"
