@@ -77,10 +77,11 @@ class _LazyProgress:
             self.bar.stop()
 
 
-def _load(args, overrides):
-    """The scenario with the user's overrides; a cluster resized without its agents is refused."""
-    scenario = load_scenario(args.scenario, overrides)
-    check_resize(scenario, overrides)
+def _load(args, overrides, labels=None):
+    """The scenario with the user's overrides; a cluster resized without its agents is refused.
+    ``labels``: override -> the flag the user typed (a sweep's value is --sweep, not --set)."""
+    scenario = load_scenario(args.scenario, overrides, labels)
+    check_resize(scenario, overrides, labels)
     return scenario
 
 
@@ -146,7 +147,8 @@ def cmd_sweep(args) -> int:
     if not values:
         raise UserError(f"--sweep {short(args.sweep, 80)}: no values to sweep (give V1,V2,...)")
     for v in values:  # every value is checked before any runs: a bad one costs nothing
-        proxy_note(_load(args, [*args.set, f"{field}={v}"]))  # an hour of proxy training is refused here too
+        swept = f"{field}={v}"  # an hour of proxy training is refused here too
+        proxy_note(_load(args, [*args.set, swept], {swept: f"--sweep value {swept}"}))
     name = load_scenario(args.scenario, args.set).name
     out = out_dir(args, name)
     if args.jobs == 1 and args.sweep_backend == "process":
