@@ -96,9 +96,13 @@ def run_proxy(scenario: Scenario, data: dict, log=None) -> list[float]:
         from .simulate import simulate
 
         report, _ = simulate(proxy, mode="numeric")
-        curve = cv.mean_curve(report["metrics"])
-    if len(curve) < steps or not all(math.isfinite(v) for v in curve):
-        bad = next((i for i, v in enumerate(curve) if not math.isfinite(v)), len(curve))
+        curve = cv.mean_curve(report["metrics"])  # steps with no finite loss are left out of it
+        bad = [row["step"] for rows in report["metrics"].values() for row in rows
+               if row.get("loss") is not None and not math.isfinite(row["loss"])]
+        if bad:
+            raise ProxyFailed(f"its loss is not finite from step {min(bad)} (training.lr={proxy.training.lr:g})")
+    if not curve or not all(math.isfinite(v) for v in curve):  # data parallel's own curve keeps every step
+        bad = next((i for i, v in enumerate(curve) if not math.isfinite(v)), 0)
         raise ProxyFailed(f"its loss is not finite from step {bad} (training.lr={proxy.training.lr:g})")
     if log:
         log(f"convergence proxy: {data['training']['strategy']} seed {data['seed']}, {len(curve)} steps of "

@@ -10,9 +10,11 @@ key's first 24 hex digits and holds the whole key.
 
 An entry is used only when every check holds: a regular file (a link planted at the name
 is not read through), the JSON object this module writes, the full key and the scenario
-equal to the ones asked for (a file copied from another key is not ours), a curve of at
-least the steps asked for, every value a finite number, and the curve's own SHA-256
-matching (a file edited or cut short). Anything else is said in one line, the proxy runs
+equal to the ones asked for (a file copied from another key is not ours), a curve with
+every value a finite number, and the curve's own SHA-256 matching (a file edited or cut
+short). A curve may hold fewer steps than asked for (the cooperative program's
+allocation can leave steps that no agent ran), so its length is not judged; its
+checksum is. Anything else is said in one line, the proxy runs
 again and its result replaces the entry, atomically and never through a link
 (:func:`oresearcher.files.write_atomic`).
 """
@@ -43,17 +45,15 @@ def _curve_sha(curve: list) -> str:
     return hashlib.sha256(json.dumps(curve).encode()).hexdigest()
 
 
-def check_entry(entry, full_key: str, data: dict, steps: int) -> str | None:
+def check_entry(entry, full_key: str, data: dict) -> str | None:
     """Why ``entry`` (a parsed cache file) is not the curve asked for, or None when it is."""
     if not isinstance(entry, dict):
         return f"a JSON {type(entry).__name__}, not a cache entry"
     if entry.get("key") != full_key or entry.get("scenario") != data:
         return "written for another proxy run (its key or scenario differs)"
     curve = entry.get("curve")
-    if not isinstance(curve, list):
+    if not isinstance(curve, list) or not curve:
         return "no curve"
-    if len(curve) < steps:
-        return f"{len(curve)} steps of the {steps} asked for (cut short)"
     if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in curve):
         return "a value of the curve is not a finite number"
     if entry.get("curve_sha256") != _curve_sha(curve):
@@ -74,7 +74,7 @@ def read(root: Path, full_key: str, data: dict, steps: int, log=None) -> list[fl
     except (Unreadable, OSError) as e:
         why = str(e)
     else:
-        why = check_entry(entry, full_key, data, steps)
+        why = check_entry(entry, full_key, data)
         if why is None:
             return [float(v) for v in entry["curve"][:steps]]
     if log:
