@@ -73,7 +73,8 @@ def check_target(directory, replace: bool = False) -> Path:
     from ..files import writable_dir
 
     out = writable_dir(Path(directory), "--export")
-    held = [p for p in (out / META, out / WEIGHTS) if p.exists() or p.is_symlink()] + model_dirs(out)
+    # a link at either name is no export of ours: the write replaces it, never follows it
+    held = [p for p in (out / META, out / WEIGHTS) if p.is_file() and not p.is_symlink()] + model_dirs(out)
     if held and not replace:
         raise UserError(f"--export {out} already holds an exported model ({held[0].name}); replace it with "
                         "--overwrite, or export to a new directory")

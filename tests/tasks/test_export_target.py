@@ -46,6 +46,9 @@ def test_another_export_is_replaced_only_on_purpose(tmp_path):
     with pytest.raises(UserError, match="already holds an exported model"):
         check_target(tmp_path / "h")
     assert check_target(tmp_path / "new") == tmp_path / "new"
+    (tmp_path / "l").mkdir()
+    (tmp_path / "l" / META).symlink_to(tmp_path / "h" / "mlp" / META)  # a planted link: replaced, not an export
+    assert check_target(tmp_path / "l") == tmp_path / "l"
 
 
 def test_the_run_refuses_a_file_target_before_any_rank_starts(tmp_path, capsys):
