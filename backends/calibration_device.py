@@ -107,10 +107,9 @@ def profile_text(name: str, m: dict) -> str:
 
 
 def write_device_profile(path: Path, name: str, m: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(profile_text(name, m))
-    tmp.replace(path)
+    from oresearcher.files import write_text
+
+    write_text(path, profile_text(name, m))  # atomic, never through a link
 
 
 def calibrate_device(scenario, out: Path, name: str, device="cpu", repeats: int = 9) -> dict:

@@ -43,6 +43,10 @@ def main(argv=None) -> int:
         raise UserError(reason)
     if args.export and (why := exportable(scenario)):
         raise UserError(why)
+    if args.export:  # a file in the way, another export there: refused before any rank starts
+        from oresearcher.tasks.export import check_target
+
+        check_target(args.export, replace=bool(args.overwrite or args.resume))
     if args.resume and (done := rundir.finished(out)) is not None:
         if denv is None or denv.rank == 0:
             print(f"{out}: the run finished ({done.get('steps', '?')} steps); nothing to resume, "

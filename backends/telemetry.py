@@ -140,7 +140,7 @@ class Progress:
         from rich.progress import BarColumn, MofNCompleteColumn, Progress as Bar, TextColumn, TimeRemainingColumn
 
         self._bar = Bar(TextColumn("training"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                        TextColumn("{task.fields[loss]}"), console=Console(stderr=True), transient=False)
+                        TextColumn("{task.fields[loss]}"), console=Console(stderr=True, markup=False), transient=False)
         self._task = self._bar.add_task("train", total=total, completed=start, loss="")
         self._bar.start()
 

@@ -184,7 +184,9 @@ def plot(cost: dict, quality: dict, path: Path) -> None:
         ax.tick_params(axis="x", rotation=30, labelsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    from oresearcher.files import save_figure
+
+    save_figure(fig, path, dpi=110)  # atomic, never through a link
 
 
 def main() -> None:

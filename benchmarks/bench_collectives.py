@@ -50,7 +50,9 @@ def main(argv=None) -> int:
     fig.tight_layout()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out / "bench_collectives.png", dpi=110)
+    from oresearcher.files import save_figure
+
+    save_figure(fig, out / "bench_collectives.png", dpi=110)  # atomic, never through a link
     print(f"\nwrote {out / 'bench_collectives.png'}")
     return 0
 

@@ -123,8 +123,9 @@ def plot(task: str, res: dict, path: Path) -> None:
     axes[0].legend(fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    from oresearcher.files import save_figure
+
+    save_figure(fig, path, dpi=90)  # atomic, never through a link
 
 
 def main(argv=None) -> int:

@@ -42,6 +42,7 @@ from pathlib import Path
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
+from oresearcher.files import write_text  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 FINANCE = ROOT / "scenarios" / "finance.yaml"
@@ -159,7 +160,7 @@ def main(argv=None) -> int:
     summary = report(runs, garch_test_rmse())
     print(f"\n{time.perf_counter() - t0:.0f} s in all")
     if args.json:
-        args.json.write_text(json.dumps({"runs": runs, "summary": summary}, indent=1, default=float))
+        write_text(args.json, json.dumps({"runs": runs, "summary": summary}, indent=1, default=float))
     return 0
 
 

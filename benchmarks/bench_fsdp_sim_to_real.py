@@ -53,6 +53,7 @@ from bench_sim_to_real import (REPO, WARMUP, calibrate, cpu_ticks, err, host_sto
                                print_table, spread)
 
 from oresearcher.backends.launcher import launch_local  # noqa: E402
+from oresearcher.files import write_text  # noqa: E402
 
 PROFILER = REPO / "tests" / "backends" / "bk_fsdp_profile.py"
 # rows of the op-by-op table: (label, simulated collective name, measured wrapper name)
@@ -193,7 +194,7 @@ def main(argv=None) -> int:
         print("(a measured overhead of 0: that run's collectives ran inside its one Compute op, uncounted)")
     print(f"load average (1 min) before {load_before:.2f}, after {os.getloadavg()[0]:.2f}; "
           f"{os.cpu_count()} cores; {args.repeats} repeat(s), medians{host_stolen(ticks0)}")
-    (work / "fsdp_sim_to_real.json").write_text(json.dumps(rows, indent=1, default=float))
+    write_text(work / "fsdp_sim_to_real.json", json.dumps(rows, indent=1, default=float))
     print(f"scenarios, profiles, runs and fsdp_sim_to_real.json in {work}")
     return 0 if all(abs(r["step_err"]) <= 0.15 for r in rows) else 1
 

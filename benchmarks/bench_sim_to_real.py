@@ -52,6 +52,7 @@ import yaml
 
 from oresearcher.errors import UserError
 from oresearcher.reporting.round_ops import WARMUP, rank_split, steady, trace_spans  # a real run's steady figures
+from oresearcher.files import write_text
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -266,7 +267,7 @@ def main(argv=None) -> int:
     print_table(rows, args.markdown)
     print(f"load average (1 min) before {load_before:.2f}, after {os.getloadavg()[0]:.2f}; "
           f"{os.cpu_count()} cores; {args.repeats} repeat(s), medians{host_stolen(ticks0)}")
-    (work / "sim_to_real.json").write_text(json.dumps(rows, indent=1, default=float))
+    write_text(work / "sim_to_real.json", json.dumps(rows, indent=1, default=float))
     print(f"scenarios, profiles, runs and sim_to_real.json in {work}")
     return 0 if all(abs(r["step_err"]) <= 0.15 and abs(r["overhead_err"]) <= 0.15 for r in rows) else 1
 

@@ -156,9 +156,9 @@ def write(blocks: list[Block], log=print, failed: list | None = None, files: lis
         present = blocks_in(text, _label(page))
         mine = {n: t for n, t in fresh.items() if n in present}
         changed += [n for n, t in mine.items() if present[n] != t]
-        tmp = page.with_suffix(".md.tmp")
-        tmp.write_text(replace(text, mine))
-        tmp.replace(page)
+        from oresearcher.files import write_text
+
+        write_text(page, replace(text, mine))  # atomic, never through a link
     return changed
 
 

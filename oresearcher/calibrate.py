@@ -94,6 +94,7 @@ from .calibration.profiles import (  # noqa: F401
 from .calibration.record import Measurement  # noqa: F401 (re-exported)
 from .scenario import role_mix
 from .errors import UserError
+from .files import write_text
 from .hardware import load_profile_file
 from .scenario import load_raw, load_scenario
 from .scenario.shipped import find_scenario
@@ -190,7 +191,7 @@ def write_profile(path: Path, m: Measurement, device_name: str, fabric_name: str
     text = profile_text(device_doc(device_name, m, memory, jitter), fabric, m, errors)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
+    write_text(tmp, text)  # oresearcher.files: a link planted at the temp name is replaced, not followed
     try:  # what the simulator will refuse is refused here, where the cause is known
         load_profile_file(tmp)
     except UserError as e:

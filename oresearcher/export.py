@@ -15,13 +15,17 @@ def main(argv=None) -> int:
     args = sys.argv[1:] if argv is None else list(argv)
     if args in (["-h"], ["--help"]):
         print("usage: python -m oresearcher.export DIR\n\nLoad the model exported to DIR by "
-              "`python -m oresearcher.run ... --export DIR` (each model, where DIR holds one per architecture), "
+              "`python -m oresearcher.run ... --export DIR` (each model, where DIR holds one per architecture; "
+              "DIR/model.json names the same model), "
               "verify its weights and describe it.")
         return 0
     if len(args) != 1 or args[0].startswith("-"):
         raise UserError("usage: python -m oresearcher.export DIR (a directory written by run --export)")
-    parts = [] if (Path(args[0]) / META).is_file() else model_dirs(args[0])
-    for where in parts or [Path(args[0])]:
+    given = Path(args[0])
+    if given.name == META and given.is_file():  # the description named instead of its directory
+        given = given.parent
+    parts = [] if (given / META).is_file() else model_dirs(given)
+    for where in parts or [given]:
         module, meta = load_model(where)
         n = sum(p.numel() for p in module.parameters())
         m = meta.get("metrics", {})

@@ -22,12 +22,13 @@ import sys
 import time
 from pathlib import Path
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from oresearcher.reporting import plots
 from oresearcher.reporting.console import console, print_report, run_title
-from oresearcher.errors import Parser, UserError, cli_main
+from oresearcher.errors import Parser, UserError, cli_main, short
+from oresearcher.files import writable_dir
 from oresearcher.reporting.progress import ProgressLines
 from oresearcher.reporting.report import write_json
 from oresearcher.scenario import check_resize, load_scenario, parse_override
@@ -35,12 +36,12 @@ from oresearcher.scenario.shipped import find_scenario
 from oresearcher.tasks import batch_note
 from oresearcher.reporting.trace import write_trace
 from oresearcher.reporting.units import format_bytes
-from oresearcher.files import writable_dir
 
 from .bench import OPS, bench_cluster, bench_png, bus_factor, collective_bench, read_reference, reference_error
 from .numeric_cost import numeric_note
 from .simulate import resolve_mode, simulate
-from .convergence import attach
+from .cli_checks import check_target_loss, out_dir, per_rank_note
+from .convergence import attach, proxy_note
 
 
 
@@ -63,7 +64,9 @@ class _LazyProgress:
         if self.bar is None:
             if time.monotonic() - self.t0 < 1.0:
                 return
-            self.bar = Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
+            # the label is the user's text (a sweep's "field=value"): printed as typed, never as markup
+            self.bar = Progress(TextColumn("{task.description}", style="progress.description", markup=False),
+                                BarColumn(), MofNCompleteColumn(),
                                 TimeElapsedColumn(), transient=True, console=console)
             self.bar.start()
             self.task = self.bar.add_task(self.label, total=self.total)
@@ -74,10 +77,11 @@ class _LazyProgress:
             self.bar.stop()
 
 
-def _load(args, overrides):
-    """The scenario with the user's overrides; a cluster resized without its agents is refused."""
-    scenario = load_scenario(args.scenario, overrides)
-    check_resize(scenario, overrides)
+def _load(args, overrides, labels=None):
+    """The scenario with the user's overrides; a cluster resized without its agents is refused.
+    ``labels``: override -> the flag the user typed (a sweep's value is --sweep, not --set)."""
+    scenario = load_scenario(args.scenario, overrides, labels)
+    check_resize(scenario, overrides, labels)
     return scenario
 
 
@@ -87,6 +91,10 @@ def _run_one(args, overrides, label):
         console.print(note, highlight=False)
     if (args.mode or resolve_mode(scenario)) == "numeric" and (note := numeric_note(scenario)):
         console.print(note, highlight=False)  # before the first step: long work says so up front
+    if note := proxy_note(scenario):  # the convergence proxy's training, estimated the same way
+        console.print(note, highlight=False)
+    if note := per_rank_note(scenario, args.mode or resolve_mode(scenario), args.exact):
+        console.print(note, highlight=False)
     progress = _LazyProgress(scenario.training.steps, label)
     try:
         report, tl = simulate(scenario, mode=args.mode, on_step=progress, exact=args.exact)
@@ -97,9 +105,9 @@ def _run_one(args, overrides, label):
 
 
 def cmd_simulate(args) -> int:
+    out = out_dir(args, _load(args, args.set).name)  # before the simulation: nothing computed is lost
     scenario, report, tl = _run_one(args, args.set, "simulating steps")
-    out = Path(args.out or f"runs/{scenario.name}")
-    writable_dir(out)  # a file in the way, a read-only disk: one line, not a traceback
+    writable_dir(out)
     print_report(report, run_title(report))
     eng = report.get("engine")
     if eng:  # how the run was computed (sim/symmetry.py); the figures are the same either way
@@ -136,8 +144,13 @@ def cmd_sweep(args) -> int:
     raw = args.sweep.split("=", 1)[1].split(",")
     if len(values) == 1 and len(raw) > 1:
         values = [parse_override(f"x={v}")[1] for v in raw]
+    if not values:
+        raise UserError(f"--sweep {short(args.sweep, 80)}: no values to sweep (give V1,V2,...)")
     for v in values:  # every value is checked before any runs: a bad one costs nothing
-        _load(args, [*args.set, f"{field}={v}"])
+        swept = f"{field}={v}"  # an hour of proxy training is refused here too
+        proxy_note(_load(args, [*args.set, swept], {swept: f"--sweep value {swept}"}))
+    name = load_scenario(args.scenario, args.set).name
+    out = out_dir(args, name)
     if args.jobs == 1 and args.sweep_backend == "process":
         reports = []
         for v in values:
@@ -159,10 +172,8 @@ def cmd_sweep(args) -> int:
         from oresearcher.reporting import convergence_view as cview
 
         console.print(cview.sweep_table(field, values, reports))
-    name = load_scenario(args.scenario, args.set).name
-    out = Path(args.out or f"runs/{name}")
-    writable_dir(out)  # a file in the way, a read-only disk: one line, not a traceback
     keep = ("step_time_s", "compute_time_s", "comm_time_s", "exposed_comm_time_s", "comm_overhead", "wire_bytes_per_step")
+    writable_dir(out)
     write_json(out / "sweep.json", {"field": field, "values": values,
                                     "results": [{k: r[k] for k in keep if k in r} for r in reports]})
     plots.sweep_png(field, values, reports, out / "sweep.png", title=f"{name}: sweep of {field}")
@@ -196,6 +207,7 @@ def _num(x: float) -> str:
 
 def cmd_bench(args) -> int:
     scenario = load_scenario(args.scenario, args.set)
+    out = out_dir(args, scenario.name)
     device, topo = bench_cluster(scenario)
     refs = [(Path(f).stem, read_reference(f, bus_factor(args.collective_bench, topo.world_size)))
             for f in args.reference]
@@ -219,8 +231,7 @@ def cmd_bench(args) -> int:
     errors = {label: reference_error(rows, ref) for label, ref in refs}
     for i, (label, e) in enumerate(errors.items()):
         console.print(f"ref {i + 1}: {label}\n  error {e:.1%} = exp(mean |ln(simulated/measured)|) - 1")
-    out = Path(args.out or f"runs/{scenario.name}")
-    writable_dir(out)  # a file in the way, a read-only disk: one line, not a traceback
+    writable_dir(out)
     write_json(out / f"collective_bench_{op}.json", {"op": op, "world_size": topo.world_size, "launch": args.launch,
                                                       "rows": rows, "reference_error": errors})
     bench_png(op, rows, out / f"collective_bench_{op}.png", f"simulated {what}", refs)
@@ -259,6 +270,8 @@ def check_flags(args) -> None:
     field = (args.sweep or "").split("=", 1)[0].strip()
     if field and (same := [s for s in args.set if s.split("=", 1)[0].strip() == field]):
         raise UserError(f"--sweep {field}=... and --set {same[0]} both set {field}; give one")
+    if args.target_loss is not None:
+        check_target_loss(args, field)
 
 
 def parse_args(argv):

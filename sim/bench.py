@@ -200,5 +200,6 @@ def bench_png(op: str, rows: list[dict], path, title: str, refs=()) -> None:
     ax_b.legend(fontsize=7, loc="upper left")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    from oresearcher.files import save_figure
+
+    save_figure(fig, path, dpi=110)  # atomic, never through a link

@@ -10,14 +10,19 @@ seed; the median over seeds is the multiplier and the seeds' range its band.
 
 Proxy curves are cached on disk under ``convergence.cache_dir``, one JSON file per run
 named by the hash of everything that decides its values (the proxy scenario, this
-module's method version, the torch version), so a sweep over strategies runs the shared
-data-parallel baseline once and a rerun runs nothing.
+module's method version, the torch version, torch's thread count), so a sweep over
+strategies runs the shared data-parallel baseline once and a rerun runs nothing. An entry
+is checked against its key, its scenario, its schema and its curve's checksum before it
+is used, and rerun and replaced otherwise (:mod:`oresearcher.sim.proxy_cache`).
+
+Before any proxy trains, the work it will do on this CPU is estimated as numeric mode's
+is (:mod:`oresearcher.sim.numeric_cost`): past a minute a note says so, past an hour the
+simulation is refused in one line. A proxy that diverges is no prediction, said in the
+section, not a failed simulation.
 """
 from __future__ import annotations
 
-import hashlib
 import itertools
-import json
 import math
 from pathlib import Path
 
@@ -56,25 +61,30 @@ def proxy_scenario(data: dict, parent: Scenario) -> Scenario:
 
 
 def cache_key(data: dict) -> str:
-    text = json.dumps({"scenario": data, "method": METHOD, "torch": torch.__version__}, sort_keys=True)
-    return hashlib.sha256(text.encode()).hexdigest()[:24]
+    """The cache key of one proxy run (:mod:`oresearcher.sim.proxy_cache`)."""
+    from . import proxy_cache
+
+    return proxy_cache.key(data, METHOD)
+
+
+def cache_root(scenario: Scenario) -> Path:
+    root = Path(scenario.convergence.cache_dir)
+    return root if root.is_absolute() else Path.cwd() / root
 
 
 def run_proxy(scenario: Scenario, data: dict, log=None) -> list[float]:
-    """The proxy's mean loss per step, the first ``training.steps`` of them: from the cache,
-    or run in numeric mode and cached. (The cooperative program's allocation can hand an
-    agent more steps than the nominal in a round and another fewer; past the nominal
-    count the mean would be over the few agents that ran on.)"""
-    root = Path(scenario.convergence.cache_dir)
-    if not root.is_absolute():
-        root = Path.cwd() / root
-    path = root / f"{cache_key(data)}.json"
+    """The proxy's mean loss per step, the first ``training.steps`` of them: from the cache
+    (:mod:`oresearcher.sim.proxy_cache`: an entry that fails a check is run again and
+    replaced), or run in numeric mode and cached. (The cooperative program's allocation
+    can hand an agent more steps than the nominal in a round and another fewer; past the
+    nominal count the mean would be over the few agents that ran on.)"""
+    from . import proxy_cache
+
+    root, full_key = cache_root(scenario), cache_key(data)
     steps = data["training"]["steps"]
-    if path.is_file():
-        try:
-            return json.loads(path.read_text())["curve"][:steps]
-        except (ValueError, KeyError, TypeError):
-            pass  # a file cut short or not ours: run the proxy again and replace it
+    curve = proxy_cache.read(root, full_key, data, steps, log)
+    if curve is not None:
+        return curve
     proxy = proxy_scenario(data, scenario)
     try:  # before the run, not after it: an unwritable cache fails in a second, not a run later
         root.mkdir(parents=True, exist_ok=True)
@@ -86,17 +96,26 @@ def run_proxy(scenario: Scenario, data: dict, log=None) -> list[float]:
         from .simulate import simulate
 
         report, _ = simulate(proxy, mode="numeric")
-        curve = cv.mean_curve(report["metrics"])
+        curve = cv.mean_curve(report["metrics"])  # steps with no finite loss are left out of it
+        bad = [row["step"] for rows in report["metrics"].values() for row in rows
+               if row.get("loss") is not None and not math.isfinite(row["loss"])]
+        if bad:
+            raise ProxyFailed(f"its loss is not finite from step {min(bad)} (training.lr={proxy.training.lr:g})")
+    if not curve or not all(math.isfinite(v) for v in curve):  # data parallel's own curve keeps every step
+        bad = next((i for i, v in enumerate(curve) if not math.isfinite(v)), 0)
+        raise ProxyFailed(f"its loss is not finite from step {bad} (training.lr={proxy.training.lr:g})")
     if log:
         log(f"convergence proxy: {data['training']['strategy']} seed {data['seed']}, {len(curve)} steps of "
             f"{data['workload']['model']} (cached in {root})")
     try:
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"curve": curve, "scenario": data, "method": METHOD}, sort_keys=True))
-        tmp.replace(path)
+        proxy_cache.write(root, full_key, data, curve, METHOD)
     except OSError as e:
         raise UserError(f"convergence.cache_dir {root}: cannot write the proxy's result ({e.strerror})") from None
     return curve[:steps]
+
+
+class ProxyFailed(Exception):
+    """A proxy run that gave no usable curve (it diverged): no prediction, not an error."""
 
 
 def data_parallel_curve(proxy: Scenario) -> list[float]:
@@ -144,18 +163,60 @@ def efficiency(scenario: Scenario, log=None) -> cv.Efficiency | str:
         return why
     if is_baseline(scenario):
         return cv.Efficiency.of([1.0])
+    from oresearcher.programs.divergence import AllExcluded, Diverged
+
     spec, per_seed = scenario.convergence, []
     window = max(5, spec.proxy_steps // 30)
-    for k in range(spec.proxy_seeds):
-        seed = scenario.seed + k
-        base = run_proxy(scenario, proxy_data(scenario, seed, strategy="ddp", codec="none"), log)
-        mine = run_proxy(scenario, proxy_data(scenario, seed), log)
+    proxy_note(scenario)  # refuses an hour of proxy training (the CLI printed the note before the simulation)
+    for base_data, mine_data in _proxy_runs(scenario):
+        try:
+            base = run_proxy(scenario, base_data, log)
+            mine = run_proxy(scenario, mine_data, log)
+        except (ProxyFailed, Diverged, AllExcluded) as e:  # the proxy's failure, not the simulation's
+            what = str(e).split("; ")[0]
+            return f"no prediction: the convergence proxy (seed {mine_data['seed']}) failed: {what}"
         m = cv.multiplier(cv.smooth(base, window), cv.smooth(mine, window))
         if m is not None:
             per_seed.append(m)
     if not per_seed:
         return "no prediction: the proxy's curves share no loss level with data parallel's"
     return cv.Efficiency.of(per_seed)
+
+
+def _proxy_runs(scenario: Scenario) -> list[tuple[dict, dict]]:
+    """(data parallel's, the strategy's) proxy scenario per seed."""
+    return [(proxy_data(scenario, scenario.seed + k, strategy="ddp", codec="none"), proxy_data(scenario, scenario.seed + k))
+            for k in range(scenario.convergence.proxy_seeds)]
+
+
+def proxy_note(scenario: Scenario) -> str | None:
+    """None when the scenario's proxy runs not yet cached are quick on this CPU (or there
+    are none); a line with the estimate past a minute; UserError past an hour
+    (:mod:`oresearcher.sim.numeric_cost`). The proxy trains one model per agent of the
+    scenario, so a 1,024-agent cluster trains 1,024 proxies a step."""
+    from oresearcher.reporting.progress import fmt_duration
+
+    from . import proxy_cache
+    from .numeric_cost import REFUSE_S, host_rate, numeric_flops
+
+    if scenario.convergence is None or no_prediction(scenario) or is_baseline(scenario):
+        return None
+    root = cache_root(scenario)
+    runs = [d for pair in _proxy_runs(scenario) for d in pair]
+    todo = [d for d in runs if proxy_cache.read(root, cache_key(d), d, d["training"]["steps"]) is None]
+    if not todo:
+        return None
+    flops = sum(numeric_flops(proxy_scenario(d, scenario)) or 0.0 for d in todo)
+    seconds = flops / host_rate("fp32")
+    if seconds <= 60.0:
+        return None
+    spec = scenario.convergence
+    what = (f"the convergence proxy trains {len(todo)} runs of {scenario.agents.count:,} {spec.proxy_model} agents x "
+            f"{spec.proxy_steps} steps on this CPU: {flops:.2g} FLOPs, about {fmt_duration(seconds)}")
+    if seconds > REFUSE_S:
+        raise UserError(f"{what}; lower convergence.proxy_steps or convergence.proxy_seeds, or predict a "
+                        "smaller agents.count (the multiplier is measured with the scenario's own agents)")
+    return f"note: {what}"
 
 
 def _steps(law, n, target, m, tokens_per_step) -> int | None:
@@ -199,7 +260,10 @@ def section(scenario: Scenario, step_time_s: float, log=None) -> dict:
                                         for k, v in steps.items()}}
         if steps["steps"] is None:
             out["to_target"]["why"] = (f"never reached: {spec.target_loss:g} is at or below the model's floor "
-                                       f"{cv.floor(law, n):.3f} (E + A / N^alpha)")
+                                       f"{cv.floor(law, n):.3f} (E + A / N^alpha)"
+                                       if spec.target_loss <= cv.floor(law, n) else
+                                       f"never reached: it needs more than 1e300 tokens at law.beta="
+                                       f"{spec.law.beta:g}")
         else:
             horizon = max(horizon, math.ceil(1.25 * (steps["steps_high"] or steps["steps"])))
     out["curve"] = [{"step": s, "tokens": s * tps, "time_s": s * step_time_s,

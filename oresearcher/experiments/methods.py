@@ -197,5 +197,7 @@ def compute_shares(runs: list[dict]) -> str:
 
 def write_json(path, results: dict) -> None:
     """Every task's results with their raw runs (run keys as strings, for JSON)."""
-    Path(path).write_text(json.dumps(
+    from ..files import write_text
+
+    write_text(Path(path), json.dumps(
         {t: {**r, "runs": {str(k): v for k, v in r["runs"].items()}} for t, r in results.items()}, indent=1))

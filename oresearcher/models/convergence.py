@@ -75,11 +75,19 @@ def loss(law: ScalingLaw, n_params: float, tokens: float, multiplier: float = 1.
 
 def tokens_to_loss(law: ScalingLaw, n_params: float, target: float, multiplier: float = 1.0) -> float:
     """Tokens until L(N, m D) reaches ``target``: (B / (target - floor))^(1/beta) / m;
-    ``math.inf`` where the target is at or below the model's floor (never reached)."""
+    ``math.inf`` where the target is at or below the model's floor (never reached), or
+    where the tokens needed pass 1e300 (a tiny beta: never, in floating point)."""
     gap = target - floor(law, n_params)
     if gap <= 0:
         return math.inf
+    # with a small beta (0.001) the power overflows a float: checked in logs first, past
+    # MAX_TOKENS the target is as good as never reached
+    if (math.log(law.B) - math.log(gap)) / law.beta - math.log(multiplier) > math.log(MAX_TOKENS):
+        return math.inf
     return (law.B / gap) ** (1.0 / law.beta) / multiplier
+
+
+MAX_TOKENS = 1e300  # tokens_to_loss past this is math.inf (never, in float)
 
 
 def smooth(values: Sequence[float], window: int) -> list[float]:

@@ -9,7 +9,6 @@ unpacking gathered tensors). Waiting for slower peers is in both.
 """
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -33,12 +32,12 @@ def read_report(path: str | Path) -> dict:
         p = p / "report.json"
     if not p.is_file():
         raise UserError(f"{path}: no report.json there")
+    from ..files import Unreadable, read_json
+
     try:
-        report = json.loads(p.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        report = read_json(p)
+    except (Unreadable, OSError) as e:
         raise UserError(f"{p}: not a JSON report ({short(str(e), 120)})") from None
-    except RecursionError:
-        raise UserError(f"{p}: not a report: JSON nested too deeply") from None
     if not isinstance(report, dict):
         raise UserError(f"{p}: not a report: a JSON {type(report).__name__}, not an object")
     missing = [k for k, _, _ in FIGURES if k not in report]
@@ -54,7 +53,64 @@ def read_report(path: str | Path) -> dict:
     training = (report.get("scenario") or {}).get("training")
     if training is not None and not isinstance(training, dict):
         raise UserError(f"{p}: scenario.training is {short(training, 60)}; expected a mapping")
+    if report.get("convergence") is not None:
+        check_convergence(report["convergence"], p)
+    if report.get("metrics") is not None:
+        check_metrics(report["metrics"], p)
     return report
+
+
+def _number(v, positive: bool = False) -> bool:
+    return (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            and (v > 0 if positive else True))
+
+
+def check_convergence(c, p: Path) -> None:
+    """The fields of a report's ``convergence`` section that compare reads
+    (:func:`oresearcher.reporting.convergence_view.beside_lines`), each checked: a damaged
+    section is one line naming the field, never a traceback or a ``nan`` in the output."""
+    def bad(field, value, want):
+        what = "missing" if value is None else f"{short(value, 60)}"
+        raise UserError(f"{p}: {'.'.join(('convergence', field)).rstrip('.')} is {what}; expected {want}")
+
+    if not isinstance(c, dict):
+        bad("", c, "a mapping (the section oresearcher.sim --target-loss writes)")
+    law = c.get("law")
+    if not isinstance(law, dict):
+        bad("law", law, "a mapping of E, A, B, alpha, beta")
+    for k in ("E", "A", "B", "alpha", "beta"):
+        if not _number(law.get(k), positive=k in ("B", "alpha", "beta")) or law.get(k) < 0:
+            bad(f"law.{k}", law.get(k), "a finite number" + (" > 0" if k in ("B", "alpha", "beta") else " >= 0"))
+    if not isinstance(law.get("source", ""), str):
+        bad("law.source", law.get("source"), "text")
+    if "unavailable" in c:
+        if not isinstance(c["unavailable"], str):
+            bad("unavailable", c["unavailable"], "text")
+        return
+    for k in ("n_params", "tokens_per_step"):
+        if not _number(c.get(k), positive=True):
+            bad(k, c.get(k), "a finite number > 0")
+    e = c.get("efficiency")
+    if not isinstance(e, dict):
+        bad("efficiency", e, "a mapping")
+    for k in ("multiplier", "low", "high"):
+        if not _number(e.get(k), positive=True):
+            bad(f"efficiency.{k}", e.get(k), "a finite number > 0")
+
+
+def check_metrics(metrics, p: Path) -> None:
+    """A report's per-rank ``metrics`` (rank -> rows of {step, loss, ...}), as compare
+    reads them for the loss beside a prediction."""
+    if not isinstance(metrics, dict) or not all(isinstance(rows, list) for rows in metrics.values()):
+        raise UserError(f"{p}: metrics is {short(metrics, 60)}; expected rank -> list of rows")
+    for rank, rows in metrics.items():
+        for row in rows:
+            loss = row.get("loss") if isinstance(row, dict) else None  # NaN: a diverged step, skipped
+            ok = (isinstance(row, dict) and isinstance(row.get("step"), int) and not isinstance(row["step"], bool)
+                  and (loss is None or (isinstance(loss, (int, float)) and not isinstance(loss, bool))))
+            if not ok:
+                raise UserError(f"{p}: metrics[{short(rank, 20)}] holds {short(row, 60)}; expected rows with "
+                                "an integer step and a numeric loss")
 
 
 MISMATCH = (("scenario", lambda r: (r.get("scenario") or {}).get("name")),
@@ -139,6 +195,6 @@ def print_table(rows: list[dict], title: str) -> None:
     for r in rows:
         err = "-" if r["error"] is None else f"{r['error']:+.1%}"
         t.add_row(r["label"], fmt(r["predicted"], r["unit"]), fmt(r["measured"], r["unit"]), err)
-    console = Console()
+    console = Console(markup=False)  # names and values are the user's text, printed as typed
     console.print(t)
     console.print(NOTE, highlight=False)

@@ -7,7 +7,10 @@ from rich.table import Table
 from .final import deployable_line, final_table
 from .units import format_bytes
 
-console = Console()
+# markup off: what is printed is text, and much of it is the user's (a scenario name, a
+# law's source, a field's value): "[bold]x" must print as typed, and "[/x]" must not
+# raise MarkupError half-way through the outputs. Styles are given as style=, or as Text.
+console = Console(markup=False)
 
 
 def fmt_ms(x):
@@ -81,11 +84,14 @@ def print_report(report: dict, title: str, column: str = "predicted") -> None:
         console.print(collective_table(report["breakdown"], steps, ws, waits=report.get("backend") == "sim"))
     mem = report.get("memory")
     if mem:
-        verdict = "[green]fits[/green]" if mem["fits"] else "[red]does NOT fit[/red]"
+        from rich.text import Text
+
+        verdict = ("fits", "green") if mem["fits"] else ("does NOT fit", "red")
         b = {k: format_bytes(v) for k, v in mem.items() if k in ("total", "weights", "grads", "optimizer_state",
                                                                  "activations", "codec_buffers")}
-        console.print(f"memory per GPU: {b['total']} ({verdict}; weights {b['weights']}, grads {b['grads']}, "
-                      f"optimizer {b['optimizer_state']}, activations {b['activations']}, codec {b['codec_buffers']})")
+        console.print(Text.assemble(f"memory per GPU: {b['total']} (", verdict,
+                                    f"; weights {b['weights']}, grads {b['grads']}, optimizer {b['optimizer_state']}, "
+                                    f"activations {b['activations']}, codec {b['codec_buffers']})"))
         if mem.get("advice"):
             console.print(f"  advice: {mem['advice']}")
     if report.get("final"):

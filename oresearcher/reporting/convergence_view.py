@@ -19,7 +19,14 @@ def hours(seconds: float | None) -> str:
         return f"{seconds / 60:,.1f} min"
     if seconds < 48 * 3600:
         return f"{seconds / 3600:,.1f} h"
-    return f"{seconds / 86400:,.1f} days"
+    if seconds < 1e6 * 86400:
+        return f"{seconds / 86400:,.1f} days"
+    return f"{seconds / 86400:.3g} days"  # a tiny law.beta: 1e+190 days, not 190 digits
+
+
+def count(n: int) -> str:
+    """A step count with thousands separators, or in e-notation past 10^15 (a tiny law.beta)."""
+    return f"{n:,}" if n < 1e15 else f"{n:.3g}"
 
 
 def efficiency_text(c: dict) -> str:
@@ -63,7 +70,7 @@ def lines(c: dict) -> list[str]:
             out.append(f"  time to loss {c['target_loss']:g}: {t['why']}")
         else:
             out.append(f"  time to loss {c['target_loss']:g}: {hours(t['time_s'])} [{hours(t['time_s_low'])}-"
-                       f"{hours(t['time_s_high'])}], {t['steps']:,} steps of {c['step_time_s'] * 1e3:,.1f} ms")
+                       f"{hours(t['time_s_high'])}], {count(t['steps'])} steps of {c['step_time_s'] * 1e3:,.1f} ms")
     return out
 
 
@@ -108,7 +115,7 @@ def sweep_table(field: str, values: list, reports: list[dict]) -> Table:
             continue
         e, to = c["efficiency"], c.get("to_target") or {}
         eff = f"{e['multiplier']:.2f} [{e['low']:.2f}-{e['high']:.2f}]" if e["measured"] else "1 (DDP)"
-        steps = "" if not to else ("never" if to["steps"] is None else f"{to['steps']:,}")
+        steps = "" if not to else ("never" if to["steps"] is None else count(to["steps"]))
         t.add_row(str(v), f"{r['step_time_s'] * 1e3:,.1f}", eff, steps, hours(to.get("time_s")) if to else "",
                   f"{c['final']['loss']:.3f}")
     t.caption = ("efficiency: effective-token multiplier measured on the proxy, the range over seeds "
@@ -153,6 +160,7 @@ def figure(curves: list[tuple[str, dict]], path, title: str) -> bool:
     ax.legend(fontsize=8)
     ax.set_title(title, fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    from oresearcher.files import save_figure
+
+    save_figure(fig, path, dpi=110)  # atomic: a link planted at convergence.png is replaced, not followed
     return True

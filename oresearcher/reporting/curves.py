@@ -182,10 +182,7 @@ def curve_png(report: dict, path: Path, title: str = "") -> bool:
     sc = report.get("scenario") or {}
     task = (sc.get("workload") or {}).get("task", "")
     fig.suptitle(title or f"{sc.get('name', 'run')}: learning curves{f' ({task})' if task else ''}", fontsize=11)
-    from oresearcher.files import write_atomic  # a new temp file renamed over path: never through a link
+    from oresearcher.files import save_figure  # a new temp file renamed over path: never through a link
 
-    try:
-        write_atomic(Path(path), lambda f: fig.savefig(f, dpi=110, format="png"))
-    finally:
-        plt.close(fig)
+    save_figure(fig, Path(path), dpi=110)
     return True

@@ -48,13 +48,9 @@ def time_axis(axis) -> None:
 
 
 def _save(fig, path: Path) -> None:
-    from oresearcher.files import write_atomic  # a new temp file renamed over path: never through a link
+    from oresearcher.files import save_figure  # a new temp file renamed over path: never through a link
 
-    path = Path(path)
-    try:
-        write_atomic(path, lambda f: fig.savefig(f, dpi=DPI, format=path.suffix.lstrip(".") or "png"))
-    finally:
-        plt.close(fig)
+    save_figure(fig, Path(path), dpi=DPI)
 
 
 def _legend(ax, cats, ncol=None) -> None:

@@ -161,7 +161,9 @@ def main(argv=None) -> int:
             return 1
         print(f"{args.out}: matches the schema", file=sys.stderr)
         return 0
-    args.out.write_text(text)
+    from ..files import write_text
+
+    write_text(args.out, text)
     print(f"wrote {args.out}")
     return 0
 

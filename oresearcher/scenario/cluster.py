@@ -55,12 +55,13 @@ class ClusterSpec(Strict):
         return self
 
 
-def check_profiles(cluster: ClusterSpec, source: str, base_dir: Path) -> None:
+def check_profiles(cluster: ClusterSpec, source: str, base_dir: Path, who=None) -> None:
     """UserError naming the field and the known names when ``cluster.device``,
     ``intra_node`` or ``inter_node`` is no profile (or a device's ``:model`` suffix is
     wrong). A listed profile file that is not there is left to the simulator, which
     reports it, and a name it could hold is not judged: the saved copy of a run
-    (``runs/.../scenario.yaml``) keeps the relative paths of the scenario it came from."""
+    (``runs/.../scenario.yaml``) keeps the relative paths of the scenario it came from.
+    ``who(field)``: the override that wrote ``field``, named instead of the file."""
     from ..hardware import catalogue, lookup, profile_path
 
     cat = catalogue(cluster.profile_files, base_dir, missing_ok=True)
@@ -71,4 +72,5 @@ def check_profiles(cluster: ClusterSpec, source: str, base_dir: Path) -> None:
             ("device", "device"), ("fabric", "intra_node"), ("fabric", "inter_node"))] + [("fabric", *t) for t in tiers]:
         if name is None or (missing and (kind, name.partition(":")[0] if kind == "device" else name) not in cat):
             continue
-        lookup(cat, kind, name, f"{source}: cluster.{field}")  # raises the one line
+        where = (who and who(f"cluster.{field}")) or source
+        lookup(cat, kind, name, f"{where}: cluster.{field}")  # raises the one line

@@ -145,8 +145,14 @@ def load_scenario(path: str | Path, overrides: list[str] = (), labels: dict[str,
     raw = load_raw(path)
     scenario = validate(overridden(raw, overrides), str(path), overrides, labels, raw)
     scenario._source = Path(path)
-    check_profiles(scenario.cluster, str(path), scenario_dir(scenario))
+    check_profiles(scenario.cluster, str(path), scenario_dir(scenario), who=lambda f: _writer(f, overrides, labels))
     return scenario
+
+
+def _writer(field: str, overrides, labels=None) -> str | None:
+    """The override (as the user typed it) that last wrote ``field``, or None."""
+    hit = [t for t in overrides if field == (k := t.split("=", 1)[0].strip()) or field.startswith(k + ".")]
+    return ((labels or {}).get(hit[-1]) or as_set(hit[-1])) if hit else None
 
 
 def check_resize(scenario: Scenario, overrides=(), labels=None) -> None:

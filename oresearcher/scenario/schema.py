@@ -95,6 +95,16 @@ class WorkloadSpec(Strict):
             where = ".".join(str(p) for p in err["loc"])
             raise ValueError(f"{where + ': ' if where else ''}{err['msg']}") from None
 
+    @model_validator(mode="after")
+    def _context_fits(self):  # a gpt preset's learned position table has max_seq_len rows, no more
+        from ..models import PRESETS
+
+        cfg = PRESETS.get(self.model)  # the language-model presets; other tasks' models are not among them
+        if cfg is not None and cfg.style == "gpt" and self.seq_len > cfg.max_seq_len:
+            raise ValueError(f"seq_len={self.seq_len} is longer than {self.model}'s context of {cfg.max_seq_len} "
+                             f"tokens (its learned position table); set workload.seq_len <= {cfg.max_seq_len}")
+        return self
+
 
 class RoleMix(Strict):
     explorer: Int = Field(0, ge=0, le=MAX_WORLD)

@@ -18,11 +18,12 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import tempfile
 from pathlib import Path
 from typing import Callable, Optional
 
 import numpy as np
+
+from ..files import write_atomic
 
 log = logging.getLogger(__name__)
 
@@ -51,15 +52,7 @@ def cached_arrays(name: str, key: str, build: Callable[[], dict]) -> dict:
         log.debug("%s: unreadable cache file (%s); rebuilding", path, e)
     arrays = build()
     try:
-        root.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=root, prefix=f".{name}-", suffix=".npz")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                np.savez(f, **arrays)
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+        write_atomic(path, lambda f: np.savez(f, **arrays))
     except OSError as e:
         log.debug("%s: not cached (%s)", path, e)
     return arrays

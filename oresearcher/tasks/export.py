@@ -40,24 +40,43 @@ WEIGHTS, META = "model.safetensors", "model.json"
 MAX_META_BYTES = 1 << 20
 FIELDS = {"format": str, "task": str, "architecture": str, "preprocessing": dict, "n_classes": int,
           "weights_sha256": str}
+OPTIONAL = {"metrics": dict, "scenario": str}  # read by python -m oresearcher.export when present
 
 
 def save_model(directory, module: torch.nn.Module, *, task: str, architecture: str, preprocessing: dict,
                n_classes: int, metrics: dict | None = None, scenario: str = "") -> Path:
-    """Write ``module``'s weights and the JSON into ``directory`` (created); returns it."""
-    from safetensors.torch import save_file
+    """Write ``module``'s weights and the JSON into ``directory`` (created); returns it.
+    Both files through :func:`oresearcher.files.write_atomic`: a link planted at either
+    name is replaced, never written through."""
+    from safetensors.torch import save
+
+    from ..files import write_atomic, write_text
 
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in module.state_dict().items()}
-    tmp = out / (WEIGHTS + ".tmp")
-    save_file(tensors, str(tmp), metadata={"format": FORMAT})
-    tmp.replace(out / WEIGHTS)
+    write_atomic(out / WEIGHTS, save(tensors, metadata={"format": FORMAT}))
     meta = {"format": FORMAT, "task": task, "architecture": architecture, "preprocessing": preprocessing,
             "n_classes": int(n_classes), "weights_sha256": sha256_file(out / WEIGHTS),
             "metrics": {k: float(v) for k, v in (metrics or {}).items() if isinstance(v, (int, float))},
             "scenario": scenario}
-    (out / META).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    write_text(out / META, json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    return out
+
+
+def check_target(directory, replace: bool = False) -> Path:
+    """``run --export DIR``, checked before any rank starts: DIR must be a directory that
+    can be written (a file in its place: one line, not a failure after training), and
+    must not hold an export already unless ``replace`` (``--overwrite``, or ``--resume``
+    of the run that wrote it): an export is replaced on purpose, as a run directory is."""
+    from ..files import writable_dir
+
+    out = writable_dir(Path(directory), "--export")
+    # a link at either name is no export of ours: the write replaces it, never follows it
+    held = [p for p in (out / META, out / WEIGHTS) if p.is_file() and not p.is_symlink()] + model_dirs(out)
+    if held and not replace:
+        raise UserError(f"--export {out} already holds an exported model ({held[0].name}); replace it with "
+                        "--overwrite, or export to a new directory")
     return out
 
 
@@ -76,20 +95,23 @@ def read_meta(directory) -> dict:
             raise UserError(f"{directory}: one model per architecture ({', '.join(p.name for p in parts)}); "
                             f"load one of them, e.g. {parts[0]}")
         raise UserError(f"{path}: no such file (not an exported model directory)")
-    raw = path.read_bytes()
-    if len(raw) > MAX_META_BYTES:
-        raise UserError(f"{path}: {len(raw)} bytes; a model description is at most {MAX_META_BYTES}")
+    from ..files import Unreadable, read_json
+
     try:
-        meta = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise UserError(f"{path}: not valid JSON ({short(str(e))})") from None
-    except RecursionError:
-        raise UserError(f"{path}: not a model description: JSON nested too deeply") from None
+        meta = read_json(path, max_bytes=MAX_META_BYTES)
+    except (Unreadable, OSError) as e:
+        raise UserError(f"{path}: not a model description: {short(str(e))}") from None
     if not isinstance(meta, dict):
         raise UserError(f"{path}: expected a JSON object")
     for key, kind in FIELDS.items():
         if not isinstance(meta.get(key), kind) or isinstance(meta.get(key), bool):
             raise UserError(f"{path}: field {key!r} missing or not a {kind.__name__}")
+    for key, kind in OPTIONAL.items():
+        if key in meta and not isinstance(meta[key], kind):
+            raise UserError(f"{path}: field {key!r} is {short(meta[key], 60)}, not a {kind.__name__}")
+    bad = [k for k, v in (meta.get("metrics") or {}).items() if isinstance(v, bool) or not isinstance(v, (int, float))]
+    if bad:
+        raise UserError(f"{path}: metrics[{short(bad[0], 60)}] is not a number")
     if meta["format"] != FORMAT:
         raise UserError(f"{path}: format {short(meta['format'])}, expected {FORMAT}")
     from . import TASKS, model_names

@@ -136,7 +136,9 @@ def test_cooperative_curve_stops_at_the_nominal_steps(tmp_path):
     s = load_scenario("scenarios/8xA100.yaml", ["training.strategy=diloco", f"convergence.cache_dir={tmp_path}",
                                                 "convergence.proxy_steps=20"])
     data = sc_mod.proxy_data(s, 0)
-    (tmp_path / f"{sc_mod.cache_key(data)}.json").write_text(json.dumps({"curve": list(range(30, 0, -1))}))
+    from oresearcher.sim import proxy_cache
+
+    proxy_cache.write(tmp_path, sc_mod.cache_key(data), data, [float(v) for v in range(30, 0, -1)], sc_mod.METHOD)
     assert sc_mod.run_proxy(s, data) == list(range(30, 10, -1))
 
 
@@ -149,7 +151,9 @@ def test_a_corrupt_cache_file_is_rerun_and_an_unwritable_cache_is_one_line(monke
     s = load_scenario("scenarios/cpu-tiny.yaml", ["training.strategy=local_sgd", "convergence.proxy_steps=20",
                                                   f"convergence.cache_dir={tmp_path}"])
     data = sc_mod.proxy_data(s, 0)
-    (tmp_path / f"{sc_mod.cache_key(data)}.json").write_text("{not json")
+    from oresearcher.sim.proxy_cache import entry_path
+
+    entry_path(tmp_path, sc_mod.cache_key(data)).write_text("{not json")
     assert sc_mod.run_proxy(s, data) == [5.0 - i / 10 for i in range(20)]
     blocked = tmp_path / "file"
     blocked.write_text("")
