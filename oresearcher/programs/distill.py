@@ -60,7 +60,9 @@ def program(ctx, learner):
     uninterrupted run: the final agents come back from the checkpoint (:class:`FinalAgents`)."""
     count = {"flops": 0.0, "last_step": -1}
     distilling = bool(ctx.scenario.distill.student and ctx.numeric)
-    if distilling and not all(hasattr(learner, a) for a in ("predict_params", "task_data", "n_classes")):
+    own = getattr(learner, "distill_phase", None)  # a task's own phase (text: token-level teacher)
+    if distilling and own is None and not all(hasattr(learner, a) for a in ("predict_params", "task_data",
+                                                                            "n_classes")):
         raise UserError(f"distill.student: task {ctx.scenario.workload.task} cannot be distilled with real values "
                         "yet (a supervised task whose learner has predict_params and task_data: digits)")
     final = ctx.register("distill_final", FinalAgents()) if distilling else None
@@ -73,8 +75,9 @@ def program(ctx, learner):
     if distilling and not getattr(learner, "cooperative_result", None) and final.data:
         result = yield from _final_agents(ctx, learner, final, count)
     if distilling and getattr(learner, "cooperative_result", None):
-        yield from _counted(distill(ctx, learner, count["last_step"] + 1, count), count)
-    elif ctx.scenario.distill.student and not ctx.numeric and ctx.scenario.workload.task == "synthetic-lm":
+        phase = own(ctx, count["last_step"] + 1, count) if own else distill(ctx, learner, count["last_step"] + 1, count)
+        yield from _counted(phase, count)
+    elif ctx.scenario.distill.student and not ctx.numeric and ctx.scenario.workload.task in ("synthetic-lm", "text"):
         yield from distill_shape(ctx, learner, count["last_step"] + 1)
     return result
 

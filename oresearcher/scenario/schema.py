@@ -18,9 +18,9 @@ the code is seconds, bytes, bytes/s and FLOP/s.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Literal, Optional
+from typing import Annotated, Any, Literal, Optional
 
-from pydantic import Field, PrivateAttr, field_validator, model_validator
+from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from .cooperation import CooperationSpec, DistillSpec
 from ..errors import short
@@ -46,6 +46,9 @@ class WorkloadSpec(Strict):
     dtype: Literal["fp32", "bf16", "fp16"] = Field("bf16", description="compute and gradient dtype")
     optimizer: Literal["adamw", "sgd"] = "adamw"
     activation_checkpointing: bool = False
+    options: Optional[Any] = Field(
+        None, description="the task's own settings, checked against its OPTIONS model (text: corpora, "
+                          "tokenizer, initial checkpoint); a task without one takes none")
 
     @field_validator("task")
     @classmethod
@@ -66,6 +69,27 @@ class WorkloadSpec(Strict):
         if model not in known:
             raise ValueError(f"unknown model for task {task}; known: {', '.join(known)}")
         return model
+
+    @field_validator("options")
+    @classmethod
+    def _task_options(cls, options, info):
+        import importlib
+
+        from ..tasks import TASKS
+
+        task = info.data.get("task")
+        spec = getattr(importlib.import_module(TASKS[task]), "OPTIONS", None) if task else None
+        if spec is None:
+            if options:
+                raise ValueError(f"task {task} takes no options")
+            return None
+        if isinstance(options, spec):
+            return options
+        try:
+            return spec.model_validate(options or {})
+        except ValidationError as e:  # one line: the first problem, its path under options
+            err = e.errors()[0]
+            raise ValueError(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}") from None
 
 
 class RoleMix(Strict):
@@ -290,4 +314,6 @@ class Scenario(Strict):
         data = self.model_dump(mode="json")
         if data.get("convergence") is None:  # absent: reports of scenarios without it stay as they were
             data.pop("convergence", None)
+        if data.get("workload", {}).get("options") is None:  # likewise for tasks without options
+            data["workload"].pop("options", None)
         return data

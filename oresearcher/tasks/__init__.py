@@ -3,7 +3,7 @@
     make_learner(scenario, rank, *, mode, device) -> Learner
 
 (see :mod:`oresearcher.models.learner`). ``mode`` is "shape", "numeric" or "real";
-only synthetic-lm supports "shape". New tasks are added to ``TASKS`` and touch nothing
+only synthetic-lm and text support "shape". New tasks are added to ``TASKS`` and touch nothing
 else.
 """
 from __future__ import annotations
@@ -19,6 +19,7 @@ TASKS = {
     "digits": "oresearcher.tasks.digits",
     "cartpole": "oresearcher.tasks.cartpole",
     "finance": "oresearcher.tasks.finance",
+    "text": "oresearcher.tasks.text",
 }
 
 

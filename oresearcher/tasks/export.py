@@ -124,6 +124,8 @@ def load_model(directory) -> tuple[torch.nn.Module, dict]:
     except (SafetensorError, OSError, ValueError) as e:
         raise UserError(f"{weights}: not a safetensors file ({short(str(e))})") from None
     task = importlib.import_module(TASKS[meta["task"]])
+    if hasattr(task, "import_tensors"):  # a task that exports another layout (text: Hugging Face GPT-2)
+        tensors = task.import_tensors(tensors)
     with torch.random.fork_rng(devices=[]):  # building the module draws init weights, all replaced
         module = task.build_model(meta["architecture"])
     want = module.state_dict()
