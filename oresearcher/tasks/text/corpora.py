@@ -108,7 +108,10 @@ def package_version(corpus: str) -> str:
 
 def clean_sotu(text: str) -> str:
     """An address without its bracketed notes, spaces collapsed, at most one blank line."""
-    text = _NOTE.sub("", text)
+    while True:  # innermost first: a note inside a note ("[a [b] c]") goes in two passes
+        text, n = _NOTE.subn("", text)
+        if not n:
+            break
     text = "\n".join(_SPACES.sub(" ", line).strip() for line in text.splitlines())
     return _BLANKS.sub("\n\n", text).strip()
 
