@@ -27,6 +27,7 @@ from pathlib import Path
 
 from ...errors import UserError
 from ...files import no_links_between, sha256_file, write_atomic
+from ..datacache import cache_dir as project_cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -35,14 +36,16 @@ FORMAT = 1  # layout of a cache folder; part of every key
 
 
 def root_dir(cache_dir=None) -> Path:
-    """The text cache's root folder (see the module docstring)."""
+    """The text cache's root folder (see the module docstring). ``ORESEARCHER_CACHE=off``,
+    which turns the project's small caches off, cannot turn this one off (the tokens are
+    read from disk), so it then uses the default place."""
     if cache_dir is not None:
         return Path(cache_dir).expanduser()
-    env = os.environ.get("ORESEARCHER_CACHE", "").strip()
-    if env and env.lower() != "off":
-        return Path(env).expanduser() / "text"
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "oresearcher" / "text"
+    base = project_cache_dir()
+    if base is None:
+        xdg = os.environ.get("XDG_CACHE_HOME")
+        base = (Path(xdg) if xdg else Path.home() / ".cache") / "oresearcher"
+    return base.expanduser() / "text"
 
 
 def key_of(inputs: dict) -> str:

@@ -198,6 +198,10 @@ def test_cache_root_from_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert cache.root_dir() == tmp_path / "home" / ".cache" / "oresearcher" / "text"
     assert cache.root_dir(tmp_path / "mine") == tmp_path / "mine"
+    monkeypatch.setenv("ORESEARCHER_CACHE", str(tmp_path / "project"))
+    assert cache.root_dir() == tmp_path / "project" / "text"
+    monkeypatch.setenv("ORESEARCHER_CACHE", "off")  # cannot turn the token files off
+    assert cache.root_dir() == tmp_path / "home" / ".cache" / "oresearcher" / "text"
 
 
 _INPUT = st.one_of(st.integers(), st.text(max_size=8))
@@ -290,3 +294,11 @@ def test_windows_for_evaluation(bible_test):
     assert few.shape == (5, 128) and torch.equal(few[0], w[0]) and torch.equal(few[-1], w[-1])
     with pytest.raises(UserError, match="fewer than one window"):
         windows(bible_test, len(bible_test.tokens))
+
+
+def test_unwritable_cache_dir_in_one_line(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(UserError, match="cannot create it") as e:
+        prepare("bible", "train", cache_dir=blocker / "text")
+    assert "\n" not in str(e.value)
