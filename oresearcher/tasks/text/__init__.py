@@ -32,12 +32,12 @@ PREPROCESSING = {"input": "UTF-8 text", "tokenizer": "tokenizer.json (byte-level
                  "output": "next-token logits"}
 
 
-def build_model(name: str):
-    """A fresh model of preset ``name`` (the preset's vocabulary): what
-    :func:`oresearcher.tasks.export.load_model` and the distillation student build."""
+def build_model(name: str, vocab_size: int | None = None):
+    """A fresh model of preset ``name`` (its own vocabulary unless told): what
+    :func:`oresearcher.tasks.export.load_model` builds an export into."""
     from .model import build_model as build
 
-    return build(name)
+    return build(name, vocab_size)
 
 
 def import_tensors(tensors: dict) -> dict:

@@ -128,6 +128,7 @@ class _Ensemble(torch.nn.Module):
     def __init__(self, learner, members):
         super().__init__()
         self.learner, self.members = learner, members
+        self.cfg = min((learner.module_with(f, a).cfg for a, f in members), key=lambda c: c.max_seq_len)
 
     def forward(self, x):
         return teacher_logprobs(self.learner, self.members, x)

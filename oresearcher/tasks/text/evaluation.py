@@ -49,7 +49,9 @@ def multiple_choice(module, scenario, device):
     from .mcq import causal_lm_logprobs, score
 
     module.eval()
-    fn = causal_lm_logprobs(lambda ids: module(ids.to(device)).cpu(), max_len=scenario.workload.seq_len)
+    # the model's whole context (its position table), as the harness does: a question's passage
+    # may be longer than the training windows
+    fn = causal_lm_logprobs(lambda ids: module(ids.to(device)).cpu(), max_len=module.cfg.max_seq_len)
     return score(fn, questions(scenario))
 
 

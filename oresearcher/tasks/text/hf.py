@@ -118,7 +118,7 @@ def write_hf(directory, module, tokenizer_path, *, model_name: str, task: str = 
             "preprocessing": {"input": "UTF-8 text", "tokenizer": "tokenizer.json (byte-level BPE)",
                               "context": module.cfg.max_seq_len, "output": "next-token logits"},
             "n_classes": module.cfg.vocab_size, "weights_sha256": sha256_file(out / X.WEIGHTS),
-            "layout": "huggingface-gpt2",
+            "layout": "huggingface-gpt2", "vocab_size": module.cfg.vocab_size,
             "metrics": {k: float(v) for k, v in (metrics or {}).items()
                         if isinstance(v, (int, float)) and not isinstance(v, bool)},
             "scenario": scenario}

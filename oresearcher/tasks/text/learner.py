@@ -93,15 +93,15 @@ class TextLearner(TorchLearner):
         w, opts, seed = scenario.workload, scenario.workload.options, scenario.seed
         arch = agent_arch(scenario, rank)
         check_context(scenario)
-        data = lambda split: prepare(opts.corpus, split, opts.vocab_size, opts.cache_dir,  # noqa: E731
-                                     opts.tokenizer_corpus)
-        self.train_data, self.val_data = data("train"), data("validation")
         init = initial_weights(opts, arch)
         with torch.random.fork_rng(devices=[]):  # clones: one initialisation per architecture
             torch.manual_seed(derive(seed, name_salt(arch)))
             module = build_model(arch, opts.vocab_size)
-        if init is not None:
+        if init is not None:  # before the corpus is read: a checkpoint that does not fit costs nothing
             load_checkpoint(module, init, arch)
+        data = lambda split: prepare(opts.corpus, split, opts.vocab_size, opts.cache_dir,  # noqa: E731
+                                     opts.tokenizer_corpus)
+        self.train_data, self.val_data = data("train"), data("validation")
         self.dropout = agent_dropout(seed, rank, *opts.dropout)
         add_dropout(module, self.dropout)
         module.to(device)
