@@ -8,7 +8,9 @@
 A question is a passage of a held-out document (one or more whole sentences, at most
 :data:`CONTEXT_CHARS` characters) and ``k`` candidate next sentences: the true one and
 ``k - 1`` sentences taken from elsewhere in the same document (at least
-:data:`MIN_GAP` sentences away, of a similar length), in a seeded random order. Same
+:data:`MIN_GAP` sentences away, within :data:`LENGTH_RATIO` of its length, and themselves
+eligible as answers, so that true and false choices are drawn alike), in a seeded random
+order. Same
 document, same style, same vocabulary: only the flow of the text tells the true
 continuation, the ``HellaSwag`` idea with real continuations for endings.
 
@@ -134,12 +136,13 @@ def _context(text: str, spans, j: int) -> str:
     return text[spans[i][0]:spans[j - 1][1]]
 
 
-def _distractors(sents: list[str], j: int, k: int, rng) -> list[str] | None:
-    """k - 1 other sentences of the document for answer ``j``, or None when too few fit."""
+def _distractors(sents: list[str], ok: list[int], j: int, k: int, rng) -> list[str] | None:
+    """k - 1 other sentences of the document for answer ``j``, or None when too few fit.
+    Drawn from the sentences that could themselves be answers (``ok``), so true and false
+    choices come from one population and a scorer that ignores the context is at chance."""
     true = sents[j]
-    pool = sorted({s for i, s in enumerate(sents) if abs(i - j) >= MIN_GAP and s != true
-                   and MIN_CHARS <= len(s) <= MAX_CHARS
-                   and 1 / LENGTH_RATIO <= len(s) / len(true) <= LENGTH_RATIO})
+    pool = sorted({sents[i] for i in ok if abs(i - j) >= MIN_GAP and sents[i] != true
+                   and 1 / LENGTH_RATIO <= len(sents[i]) / len(true) <= LENGTH_RATIO})
     if len(pool) < k - 1:
         return None
     return [pool[i] for i in rng.choice(len(pool), size=k - 1, replace=False)]
@@ -162,9 +165,9 @@ def build_questions(data, k: int = 4, n: int = 200, seed: int = 0) -> QuestionSe
     out = []
     for p in rng.permutation(len(pool)):  # random order, so the n taken come from every document
         doc, j = pool[p]
-        spans, sents, _ = parsed[doc]
+        spans, sents, ok = parsed[doc]
         q_rng = np.random.default_rng([MCQ_SALT, MCQ_VERSION, int(seed), k, int(p)])
-        wrong = _distractors(sents, j, k, q_rng)
+        wrong = _distractors(sents, ok, j, k, q_rng)
         if wrong is None:
             continue
         choices = [sents[j]] + wrong
