@@ -18,7 +18,7 @@ the code is seconds, bytes, bytes/s and FLOP/s.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal, Optional
+from typing import Annotated, Literal, NewType, Optional
 
 from pydantic import Field, PrivateAttr, ValidationError, field_validator, model_validator
 
@@ -35,6 +35,10 @@ from .types import (
     Strict, strategy_alias_error)
 
 
+# a mapping in the file; the task's OPTIONS model once loaded (the doc page calls the type by this name)
+TaskOptions = NewType("mapping", object)
+
+
 class WorkloadSpec(Strict):
     task: Name = Field(
         "synthetic-lm", description="what is trained (a key of oresearcher.tasks.TASKS); synthetic-lm trains a "
@@ -46,7 +50,7 @@ class WorkloadSpec(Strict):
     dtype: Literal["fp32", "bf16", "fp16"] = Field("bf16", description="compute and gradient dtype")
     optimizer: Literal["adamw", "sgd"] = "adamw"
     activation_checkpointing: bool = False
-    options: Optional[Any] = Field(
+    options: Optional[TaskOptions] = Field(
         None, description="the task's own settings, checked against its OPTIONS model (text: corpora, "
                           "tokenizer, initial checkpoint); a task without one takes none")
 
