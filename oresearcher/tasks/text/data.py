@@ -179,9 +179,10 @@ class Batches:
 
     def __init__(self, data: TokenData, batch: int, seq_len: int, seed: int, rank: int = 0,
                  world: int = 1):
-        if batch < 1 or seq_len < 1 or world < 1 or not 0 <= rank < world and world > 1:
-            raise UserError(f"batches: batch {batch}, seq_len {seq_len}, rank {rank}, world "
-                            f"{world}: need batch >= 1, seq_len >= 1, 0 <= rank < world")
+        if min(batch, seq_len, world) < 1 or min(seed, rank) < 0 or (world > 1 and rank >= world):
+            raise UserError(f"batches: batch {batch}, seq_len {seq_len}, seed {seed}, rank {rank}, "
+                            f"world {world}: need batch, seq_len >= 1, seed >= 0, rank >= 0 "
+                            "(and < world when world > 1)")
         width = seq_len + 1
         if len(data.tokens) // width < 2 * world:
             raise UserError(f"{data.corpus} {data.split}: {len(data.tokens)} tokens are too few "

@@ -280,6 +280,14 @@ def test_ranks_of_one_world_partition_an_epoch(bible_test):
     assert not torch.equal(next(alone[0]), next(alone[1]))  # independent agents: own orders
 
 
+@pytest.mark.parametrize("bad", [dict(batch=0), dict(seq_len=0), dict(seed=-1), dict(rank=-1),
+                                 dict(rank=3, world=3), dict(world=0)])
+def test_bad_batch_arguments_refused(bible_test, bad):
+    args = {"batch": 2, "seq_len": 15, "seed": 0, "rank": 0, "world": 1, **bad}
+    with pytest.raises(UserError, match="need batch"):
+        batches(bible_test, **args)
+
+
 def test_resume_refuses_another_stream(bible_test):
     state = batches(bible_test, 4, 31, seed=1).state_dict()
     with pytest.raises(UserError, match="seed"):
