@@ -157,3 +157,22 @@ def test_context_free_scorer_is_at_chance(bible_train, bible_test):
     qset = mcq.build_questions(bible_test, k=4, n=300, seed=0)
     r = mcq.score(lambda ctx, ids: logp[list(ids)], qset)
     assert r.ci95[0] < 0.25 < r.ci95[1]
+
+
+def test_batched_choices_equal_one_at_a_time(qs):
+    torch.manual_seed(1)
+    emb, pos = torch.randn(300, 16), torch.randn(256, 16)
+    head = torch.randn(16, 300)
+
+    def logits_fn(ids):  # causal: position t mixes tokens 0..t (a running mean), no padding leak
+        h = emb[ids] + pos[:ids.shape[1]]
+        h = h.cumsum(1) / torch.arange(1, ids.shape[1] + 1).unsqueeze(1)
+        return h @ head
+    scorer = mcq.causal_lm_logprobs(logits_fn, max_len=256)
+    for q in qs.questions[:5]:
+        together = scorer.many(q.context_ids, q.choice_ids)
+        alone = [scorer(q.context_ids, c) for c in q.choice_ids]
+        assert all(np.allclose(a, b, atol=1e-5) for a, b in zip(together, alone))
+    batched = mcq.score(scorer, qs.questions[:10])
+    plain = mcq.score(lambda c, x: scorer(c, x), qs.questions[:10])
+    assert batched.credits == plain.credits
