@@ -310,3 +310,33 @@ def test_unwritable_cache_dir_in_one_line(tmp_path):
     with pytest.raises(UserError, match="cannot create it") as e:
         prepare("bible", "train", cache_dir=blocker / "text")
     assert "\n" not in str(e.value)
+
+
+def _prepare_in_child(make, queue):
+    queue.put(make().key)
+
+
+def test_ranks_preparing_at_once_build_once(tiny, caplog, monkeypatch):
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")  # the children keep the tiny corpus patch
+    reads, read = ctx.Value("i", 0), corpora.documents
+
+    def counted(corpus):
+        with reads.get_lock():
+            reads.value += 1
+        return read(corpus)
+    monkeypatch.setattr(corpora, "documents", counted)
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_prepare_in_child, args=(tiny, queue)) for _ in range(3)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    keys = {queue.get(timeout=5) for _ in procs}
+    assert len(keys) == 1 and all(p.exitcode == 0 for p in procs)
+    assert reads.value == 2  # the corpus read once for the tokenizer, once to encode: one builder
+    caplog.set_level("WARNING")
+    folder = tiny.root / f"bible-300-{keys.pop()}"
+    assert cache.read_manifest(folder, folder.name.rsplit("-", 1)[1]) is not None
+    assert not list(folder.glob(".*tmp*")) and "rebuilding" not in caplog.text
