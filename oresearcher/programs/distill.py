@@ -77,9 +77,17 @@ def program(ctx, learner):
     if distilling and getattr(learner, "cooperative_result", None):
         phase = own(ctx, count["last_step"] + 1, count) if own else distill(ctx, learner, count["last_step"] + 1, count)
         yield from _counted(phase, count)
-    elif ctx.scenario.distill.student and not ctx.numeric and ctx.scenario.workload.task in ("synthetic-lm", "text"):
+    elif ctx.scenario.distill.student and not ctx.numeric and _presets(ctx.scenario):
         yield from distill_shape(ctx, learner, count["last_step"] + 1)
     return result
+
+
+def _presets(sc) -> bool:
+    """Whether the agents and the student are language-model presets (oresearcher.models.PRESETS):
+    what shape mode can price a distillation phase for (synthetic-lm, text)."""
+    from ..models import PRESETS
+
+    return all(a in PRESETS for a in (*arch_ids(sc), sc.distill.student))
 
 
 def _counted(gen, count: dict, on_step=None):

@@ -10,7 +10,7 @@ Per step, data parallel over all ranks: each rank draws its share of the step's 
 training split), the teacher's log-probabilities are the mean of the healthy final agents'
 log-probabilities (the plain log-linear ensemble, renormalized; the attention ensemble of
 :mod:`oresearcher.cooperation.ensemble` is a classifier's), and the student minimises Hinton
-et al.'s loss (:func:`oresearcher.cooperation.distill.kd_loss`) over all positions; gradients
+et al.'s loss (:func:`token_kd_loss`) over all positions; gradients
 are averaged by an AllReduce, so every rank holds the same student. The student starts from
 the fused model where an agent has its architecture (``distill.init``; the deployable model is
 then what cooperation produced, refined by the ensemble), else from a seeded initialisation.
@@ -22,15 +22,34 @@ from __future__ import annotations
 
 import torch
 
-from ...cooperation.distill import kd_loss, student_init
+import torch.nn.functional as F
+
 from ...errors import UserError
 from ...models.workloads import per_rank_batch
 from ...ops import AllReduce, Compute, StepDone
 from ...seeds import STREAM, derive
 from . import evaluation as EV
-from .learner import step_cost
-from .model import MODELS, build_model, load_checkpoint
+from .model import MODELS, build_model, load_checkpoint, step_cost
 from .pretrain import make_optimizer
+
+
+def token_kd_loss(student: torch.Tensor, teacher_logp: torch.Tensor, targets: torch.Tensor, temperature: float,
+                  alpha: float) -> torch.Tensor:
+    """Hinton et al.'s loss per position, averaged over positions (``kd_loss`` of
+    oresearcher.cooperation.distill over [B * T] rows): alpha * T^2 * KL(p_t^T || p_s^T)
+    + (1 - alpha) * CE(s, y); student logits [N, V], teacher log-probabilities [N, V]."""
+    t = temperature
+    soft = F.kl_div(F.log_softmax(student / t, -1), F.log_softmax(teacher_logp / t, -1), log_target=True,
+                    reduction="batchmean") * (t * t)
+    return alpha * soft + (1.0 - alpha) * F.cross_entropy(student, targets)
+
+
+def fused_start(res: dict, arch: str, mode: str):
+    """The student's starting flat parameters: the plain mean of the healthy final agents of
+    its architecture (``distill.init`` auto or fused; cooperation.distill.fused_params), or
+    None (fresh)."""
+    rows = [f.reshape(-1).double() for f, a, x in zip(res["flats"], res["ids"], res["excluded"]) if a == arch and not x]
+    return torch.stack(rows).mean(0) if rows and mode != "fresh" else None
 
 
 @torch.no_grad()
@@ -54,8 +73,8 @@ class TextStudent:
     def forward_backward(self, x: torch.Tensor, teacher: torch.Tensor) -> dict:
         self.module.train()
         logits = self.module(x[:, :-1])
-        loss = kd_loss(logits.flatten(0, 1).float(), teacher.flatten(0, 1), x[:, 1:].flatten(),
-                       self.temperature, self.alpha)
+        loss = token_kd_loss(logits.flatten(0, 1).float(), teacher.flatten(0, 1), x[:, 1:].flatten(),
+                             self.temperature, self.alpha)
         self.opt.zero_grad(set_to_none=False)
         loss.backward()
         return {"distill_loss": float(loss.detach())}
@@ -73,7 +92,7 @@ def _student(sc, learner, res):
     d, o = sc.distill, sc.workload.options
     if d.student not in MODELS:
         raise UserError(f"distill.student: text has models {', '.join(MODELS)} (got {d.student!r})")
-    init = student_init(sc, res)
+    init = fused_start(res, d.student, d.init)
     if d.init == "fused" and init is None:
         raise UserError(f"distill.init: fused, but no healthy agent is a {d.student}")
     with torch.random.fork_rng(devices=[]):

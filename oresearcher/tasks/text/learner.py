@@ -27,12 +27,12 @@ import torch
 from ...errors import UserError
 from ...models import lm_loss
 from ...models.learner import DTYPES, TorchLearner
-from ...models.workloads import measure_lm, measure_module, per_rank_batch
+from ...models.workloads import per_rank_batch
 from ...seeds import SMALL, derive, name_salt
 from ..supervised import expected_calibration_error
 from ..rewards import overconfident_error_safety
 from . import evaluation as EV
-from .model import add_dropout, build_model, load_checkpoint, model_config
+from .model import add_dropout, build_model, load_checkpoint, model_config, step_cost
 
 VAL_ROWS = 8  # validation windows a validator scores per agent per round
 PROB_STRIDE = 8  # every 8th position's distribution goes into the novelty term
@@ -57,18 +57,6 @@ def check_context(scenario) -> None:
         if w.seq_len > ctx:
             raise UserError(f"workload.seq_len {w.seq_len} is longer than {arch}'s context of {ctx} tokens "
                             f"(its learned position table); set workload.seq_len <= {ctx}")
-
-
-def step_cost(arch: str, vocab: int, batch: int, seq_len: int, dtype: str) -> tuple[tuple, float, float]:
-    """(parameter numels, forward FLOPs, backward FLOPs) of one step: torch's counter on the
-    meta device (oresearcher.models.workloads), the preset's own when the vocabulary is its."""
-    if vocab == model_config(arch).vocab_size:
-        c = measure_lm(arch, batch, seq_len, dtype)
-        return c.param_numels, float(c.fwd_flops), float(c.bwd_flops)
-    module = build_model(arch, vocab, device="meta")
-    x = torch.zeros(batch, seq_len, dtype=torch.long, device="meta")
-    fwd, bwd, _ = measure_module(module, (x,), lambda logits: lm_loss(logits, x))
-    return tuple(p.numel() for p in module.parameters()), float(fwd), float(bwd)
 
 
 def initial_weights(opts, arch: str):

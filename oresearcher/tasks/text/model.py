@@ -18,7 +18,8 @@ import torch
 import torch.nn.functional as F
 
 from ...errors import UserError, short
-from ...models import PRESETS, DecoderLM, ModelConfig
+from ...models import PRESETS, DecoderLM, ModelConfig, lm_loss
+from ...models.workloads import measure_lm, measure_module
 
 MODELS = tuple(name for name in PRESETS if name.startswith("text-"))
 CONFIG, WEIGHTS = "config.json", "model.safetensors"
@@ -35,6 +36,18 @@ def model_config(name: str, vocab_size: int | None = None) -> ModelConfig:
 def build_model(name: str, vocab_size: int | None = None, device="cpu") -> DecoderLM:
     """A fresh GPT-2-initialised model of preset ``name`` (float32)."""
     return DecoderLM(model_config(name, vocab_size), device=device, dtype=torch.float32)
+
+
+def step_cost(arch: str, vocab: int, batch: int, seq_len: int, dtype: str) -> tuple[tuple, float, float]:
+    """(parameter numels, forward FLOPs, backward FLOPs) of one step: torch's counter on the
+    meta device (oresearcher.models.workloads), the preset's own when the vocabulary is its."""
+    if vocab == model_config(arch).vocab_size:
+        c = measure_lm(arch, batch, seq_len, dtype)
+        return c.param_numels, float(c.fwd_flops), float(c.bwd_flops)
+    module = build_model(arch, vocab, device="meta")
+    x = torch.zeros(batch, seq_len, dtype=torch.long, device="meta")
+    fwd, bwd, _ = measure_module(module, (x,), lambda logits: lm_loss(logits, x))
+    return tuple(p.numel() for p in module.parameters()), float(fwd), float(bwd)
 
 
 def add_dropout(module: DecoderLM, p: float) -> list:

@@ -1,6 +1,6 @@
 """The base model: one GPT of the text family pretrained on the first corpus, kept in the cache.
 
-    python -m oresearcher.tasks.text.pretrain scenarios/text-4.yaml   # pretrain (or find) its base, print where
+    python -m oresearcher.tasks.text.pretrain --model text-100k --corpus sotu --steps 300   # text-4's base: where it is
 
 ``workload.options.init: pretrain`` starts every agent from this base. It is trained once per
 setting and then found: its cache folder's name hashes everything that decides the weights
@@ -135,20 +135,36 @@ def _checkpoint_bytes(module, name: str, meta: dict) -> dict:
 
 
 def main(argv=None) -> int:
-    """``python -m oresearcher.tasks.text.pretrain SCENARIO [--set k=v ...]``: print the base's folder."""
+    """``python -m oresearcher.tasks.text.pretrain [--model M] [--corpus C] ...``: pretrain (or
+    find) the base and print its folder. The flags are the scenario's ``workload.options``."""
     from ...errors import Parser
-    from ...scenario import load_scenario
+    from .options import PretrainOptions, TextOptions
 
     ap = Parser(prog="python -m oresearcher.tasks.text.pretrain", description=__doc__.split("\n\n")[0])
-    ap.add_argument("scenario", help="a scenario of task text (its workload.model and options.pretrain)")
-    ap.add_argument("--set", action="append", default=[], metavar="PATH=VALUE", help="override a scenario field")
-    args = ap.parse_args(argv)
-    sc = load_scenario(args.scenario, args.set)
-    if sc.workload.task != "text":
-        from ...errors import UserError
-        raise UserError(f"{args.scenario}: workload.task is {sc.workload.task}; this pretrains a text base")
-    folder = find_or_pretrain(sc.workload.options, sc.workload.model)
-    print(folder)
+    ap.add_argument("--model", default="text-100k", help="a text preset (workload.model)")
+    ap.add_argument("--corpus", default="sotu", help="options.pretrain.corpus")
+    ap.add_argument("--steps", type=int, default=PretrainOptions().steps)
+    ap.add_argument("--batch", type=int, default=PretrainOptions().batch)
+    ap.add_argument("--lr", type=float, default=PretrainOptions().lr)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--vocab-size", type=int, default=1024)
+    ap.add_argument("--tokenizer-corpus", default="sotu")
+    ap.add_argument("--cache-dir", default=None)
+    a = ap.parse_args(argv)
+    from pydantic import ValidationError
+
+    from ...errors import UserError
+    from .model import model_config
+
+    model_config(a.model)  # an unknown preset: one line
+    try:
+        opts = TextOptions(vocab_size=a.vocab_size, tokenizer_corpus=a.tokenizer_corpus, cache_dir=a.cache_dir,
+                           pretrain=PretrainOptions(corpus=a.corpus, steps=a.steps, batch=a.batch, lr=a.lr,
+                                                    seed=a.seed))
+    except ValidationError as e:
+        err = e.errors()[0]
+        raise UserError(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}") from None
+    print(find_or_pretrain(opts, a.model))
     return 0
 
 
