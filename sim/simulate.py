@@ -15,7 +15,7 @@ from oresearcher.hardware import catalogue, lookup
 from oresearcher.programs import AgentContext, get_program
 from oresearcher.reporting.report import Timeline, summarize
 from oresearcher.scenario import Scenario, scenario_dir
-from oresearcher.tasks import make_learner
+from oresearcher.tasks import make_learner, shape_mode
 
 from .engine import Engine
 from .faults import fault_plan, fault_report, variant
@@ -29,8 +29,9 @@ def resolve_mode(scenario: Scenario) -> str:
     mode = scenario.simulation.mode
     if mode == "auto":
         return "shape" if scenario.workload.task == "synthetic-lm" else "numeric"
-    if mode == "shape" and scenario.workload.task != "synthetic-lm":
-        raise UserError(f"simulation.mode: shape mode needs workload.task synthetic-lm (got {scenario.workload.task!r})")
+    if mode == "shape" and not shape_mode(scenario.workload.task):
+        raise UserError(f"simulation.mode: shape mode needs a language-model task, synthetic-lm or text "
+                        f"(got {scenario.workload.task!r})")
     return mode
 
 

@@ -28,6 +28,12 @@ def make_learner(scenario, rank: int, *, mode: str, device="cpu") -> Learner:
     return importlib.import_module(TASKS[task]).make_learner(scenario, rank, mode=mode, device=device)
 
 
+def shape_mode(task: str) -> bool:
+    """Whether ``task`` can run in shape mode (its module's SHAPE_MODE: language-model presets
+    priced on the meta device, no data read)."""
+    return bool(getattr(importlib.import_module(TASKS[task]), "SHAPE_MODE", False))
+
+
 def model_names(task: str) -> tuple[str, ...]:
     """The model names ``task`` can build (its MODELS; synthetic-lm: the transformer PRESETS)."""
     module = importlib.import_module(TASKS[task])

@@ -21,6 +21,8 @@ from ..models.learner import DTYPES, ShapeLearner, TorchLearner
 from ..models.workloads import measure_lm, per_rank_batch
 from .token_stream import NOISE, Prefetcher, TokenStream  # noqa: F401  (TokenStream: public here too)
 
+SHAPE_MODE = True  # presets priced on the meta device (oresearcher.tasks.shape_mode)
+
 
 def token_stream(vocab: int, batch: int, seq_len: int, seed: int, rank: int, noise: float = NOISE) -> TokenStream:
     """Infinite iterator of LongTensor[batch, seq_len + 1] (inputs + shifted targets)."""

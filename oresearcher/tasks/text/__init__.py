@@ -27,6 +27,7 @@ from .options import TextOptions
 
 MODELS = ("text-25k", "text-100k", "text-230k", "text-450k", "text-800k", "text-1.5m")
 OPTIONS = TextOptions
+SHAPE_MODE = True  # the presets priced on the meta device, no corpus read (oresearcher.tasks.shape_mode)
 # how raw inputs become model inputs (written into an exported model's JSON, oresearcher.export)
 PREPROCESSING = {"input": "UTF-8 text", "tokenizer": "tokenizer.json (byte-level BPE)",
                  "output": "next-token logits"}

@@ -133,3 +133,12 @@ def test_bad_inputs_get_one_line_exit_2_and_nothing_written(tmp_path, sets, says
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and says in lines[0], proc.stderr
     assert not out.exists()
+
+
+def test_the_simulator_prices_text_in_shape_mode_without_reading_a_corpus(tmp_path):
+    from oresearcher.sim.simulate import simulate
+
+    sc = load_scenario(TEXT4, ["simulation.mode=shape", "training.steps=4", f"workload.options.cache_dir={tmp_path}"])
+    report, _ = simulate(sc)
+    assert report["mode"] == "shape" and report["compute_time_s"] > 0
+    assert not any(tmp_path.iterdir())  # nothing prepared, nothing pretrained
