@@ -4,6 +4,7 @@
     python benchmarks/bench_cooperation.py --quick         # CI-sized smoke (2 seeds, a few steps)
     python benchmarks/bench_cooperation.py --designed      # each scenario at its own steps and interval
     python benchmarks/bench_cooperation.py --tasks digits --seeds 5 --json out.json
+    python benchmarks/bench_cooperation.py --tasks text    # fine-tuning from one base: MC accuracy and loss
 
 Methods, all in the simulator's numeric mode (the same math as the real backends):
 ``single`` (one agent, the whole global batch), ``ddp`` (synchronous data parallel),
@@ -89,6 +90,13 @@ def table(task: str, res: dict, seeds: list[int]) -> None:
         for key in ("model", "agents"):
             best, word = verdict(rows, key)
             print(f"  verdict ({key}): oresearcher vs best baseline {best}: {word}")
+        if any("model_loss" in r for runs in rows.values() for r in runs):  # a language model (text)
+            for key in ("model_loss", "agents_loss"):
+                vals = {m: cell([r[key] for r in runs if key in r], "{:.4f}") for m, runs in rows.items()}
+                print(f"  validation loss, nats/token ({key.split('_')[0]}): "
+                      + "; ".join(f"{m} {v}" for m, v in vals.items()))
+                best, word = verdict(rows, key, higher=False)
+                print(f"  verdict ({key}): oresearcher vs best baseline {best}: {word}")
 
 
 def plot(task: str, res: dict, path: Path) -> None:

@@ -203,6 +203,8 @@ def comparison(learner, scenario) -> dict:
     the best single agent and the student's architecture trained alone -- on the cluster's
     whole compute (training and distillation, every rank; batch as the student's per
     rank), and for the student's steps and samples without a teacher."""
+    if scenario.task.distill_comparison is not None:  # a task with its own phase and scores (text)
+        return scenario.task.distill_comparison(learner, scenario)
     m = learner.distill_result["metrics"]
     out = {k: float(m[k]) for k in ("student_test_accuracy", "ensemble_test_accuracy",
                                     "mean_of_agents_test_accuracy", "best_agent_test_accuracy", "cluster_flops")}
@@ -221,6 +223,8 @@ def export(learner, scenario, directory):
     """Save the student (oresearcher.tasks.export) with the task's preprocessing; returns the directory."""
     from ..tasks import export as X
 
+    if scenario.task.export_model is not None:  # the task's own format (text: a Hugging Face directory)
+        return scenario.task.export_model(learner, scenario, directory)
     res = learner.distill_result
     return X.save_model(directory, res["module"], task=scenario.workload.task, architecture=res["arch"],
                         preprocessing=scenario.task.inputs(res["arch"]), n_classes=learner.n_classes,
@@ -229,6 +233,9 @@ def export(learner, scenario, directory):
 
 def comparison_lines(section: dict) -> list[str]:
     """The comparison as printed after a run."""
+    if "lines" in section:  # a task that wrote its own (text)
+        return list(section["lines"]) + ([f"exported to {section['export']} (load with "
+                                          "oresearcher.export.load_model)"] if "export" in section else [])
     acc = lambda k: f"{section[k]:.4f}"  # noqa: E731
     ens = "trained attention ensemble" if section.get("ensemble_trained") else "ensemble (plain mean)"
     rows = [(f"student {section['student']} (distilled)", acc("student_test_accuracy")),

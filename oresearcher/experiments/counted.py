@@ -90,12 +90,17 @@ def metric_of(learner) -> float:
 
 def averaged_metric(learners) -> float:
     """Test metric of the plain average of the learners' parameters (one architecture):
-    DiLoCo's / DDP's replica, the fused model. The first learner holds it while it is
-    scored, then gets its own parameters back."""
+    DiLoCo's / DDP's replica, the fused model."""
+    return float(averaged_eval(learners)["metric"])
+
+
+def averaged_eval(learners) -> dict:
+    """``evaluate()`` of the plain average of the learners' parameters (:func:`averaged_metric`).
+    The first learner holds it while it is scored, then gets its own parameters back."""
     first = learners[0]
     own = first.flat_params().detach().clone()
     first.set_flat_params(torch.stack([l.flat_params().detach().double() for l in learners]).mean(0).to(own.dtype))
     try:
-        return metric_of(first)
+        return dict(first.evaluate())
     finally:
         first.set_flat_params(own)

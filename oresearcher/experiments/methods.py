@@ -29,7 +29,7 @@ from ..programs.divergence import AllExcluded, Diverged
 from ..programs.pbt import pbt
 from ..reporting.stats import mean_or_nan, paired, verdict_word
 from ..scenario.shipped import shipped_scenarios
-from .counted import averaged_metric, metric_of, simulate_counted
+from .counted import averaged_eval, simulate_counted
 
 A100 = ["cluster.device=A100-SXM4-80GB", "cluster.intra_node=nvswitch-a100", "cluster.gpus_per_node=8"]
 METHODS = {
@@ -57,6 +57,13 @@ TASKS = {
         "agents.architectures=[]", "workload.model=credit-transformer", "agents.count=4",
         "workload.global_batch=128", "agents.roles={explorer: 1, optimizer: 2, validator: 1}"],
         {"full": (16, 8, 0), "quick": (12, 6, 0)}),
+    # fine-tuning from one base (pretrained once, cached); metric: multiple-choice accuracy, and the
+    # validation loss beside it (lower is better: loss columns)
+    "text": ("text-4.yaml", 0.3, [
+        "workload.model=text-25k", "distill.student=text-25k", "workload.global_batch=16", "workload.seq_len=64",
+        "workload.options.eval_tokens=1024", "workload.options.mc_questions=40",
+        "workload.options.pretrain={corpus: sotu, steps: 200, batch: 8, lr: 0.003, seed: 0}"],
+        {"full": (12, 4, 4), "quick": (8, 4, 2)}),
 }
 LR_MULTS = (0.1, 1.0, 10.0)
 
@@ -115,14 +122,21 @@ def run_one(task: str, method: str, seed: int, lr_mult: float, size: str, steps:
         report, learners, flops, by_name = simulate_counted(sc, pbt if method == "pbt" else None)
     except (Diverged, AllExcluded) as e:  # a diverged run is a result too (e.g. lr x10)
         return {"error": f"{type(e).__name__}: {str(e)[:120]}", "steps": sc.training.steps}
-    agents = statistics.mean(metric_of(l) for l in learners)
+    evals = [l.evaluate() for l in learners]
+    agents = statistics.mean(float(e["metric"]) for e in evals)
     student = learners[0].distill_result
-    model = (student["metrics"]["student_test_accuracy"] if student else averaged_metric(learners))
+    sm = student["metrics"] if student else {}
+    deployed = {} if student else averaged_eval(learners)
+    model = sm.get("student_test_accuracy", sm.get("student_mc_accuracy")) if student else deployed["metric"]
     curve = agents_curve(report)
     hit = next((t for t, m in curve if m >= TASKS[task][1]), None)
-    return {"agents": agents, "model": float(model), "flops": flops, "by_name": by_name, "ttt": hit, "curve": curve,
-            "steps": sc.training.steps, "end_s": curve[-1][0] if curve else None,
-            "wall_s": time.perf_counter() - t0}
+    out = {"agents": agents, "model": float(model), "flops": flops, "by_name": by_name, "ttt": hit, "curve": curve,
+           "steps": sc.training.steps, "end_s": curve[-1][0] if curve else None,
+           "wall_s": time.perf_counter() - t0}
+    if "val_loss" in evals[0]:  # a language model: its validation loss too (nats/token; lower is better)
+        out["agents_loss"] = statistics.mean(float(e["val_loss"]) for e in evals)
+        out["model_loss"] = float(sm["student_val_loss"] if student else deployed["val_loss"])
+    return out
 
 
 def flops_at(steps: int, interval: int, per_step: float, per_round: float) -> float:
@@ -170,18 +184,20 @@ def run_task(task: str, seeds: list[int], size: str, methods: list[str], log=pri
     return {"target_flops": target, "steps": steps, "runs": out}
 
 
-def verdict(rows: dict, key: str) -> tuple[str, str]:
-    """(best baseline, 'wins'/'loses'/'ties' with the paired CI) for oresearcher."""
+def verdict(rows: dict, key: str, higher: bool = True) -> tuple[str, str]:
+    """(best baseline, 'wins'/'loses'/'ties' with the paired CI) for oresearcher; ``higher``:
+    whether a larger ``key`` is better (a loss: False)."""
     base = {m: mean_or_nan([r[key] for r in runs if "error" not in r]) for m, runs in rows.items()
             if m != "oresearcher"}
     if "oresearcher" not in rows or not base:
         return "-", "-"
-    best = max(base, key=lambda m: (base[m], m))
+    best = (max if higher else min)(base, key=lambda m: (base[m], m))
     p = paired(rows["oresearcher"], rows[best], key)
     if p is None:
         return best, "n/a"
     m, lo, hi = p
-    return best, f"{verdict_word(p, 'wins', 'loses', 'ties')} ({m:+.4f} [{lo:+.4f}, {hi:+.4f}])"
+    word = verdict_word(p, "wins", "loses", "ties") if higher else verdict_word(p, "loses", "wins", "ties")
+    return best, f"{word} ({m:+.4f} [{lo:+.4f}, {hi:+.4f}])"
 
 
 def compute_shares(runs: list[dict]) -> str:

@@ -102,6 +102,15 @@ PRESETS: dict[str, ModelConfig] = {
     "gpt-tiny": _gpt(4, 4, 128, vocab=256, ctx=256),        # ~0.8M params
     "gpt-small-cpu": _gpt(4, 4, 256, vocab=1024, ctx=256),  # ~3.5M params
     "llama-tiny": _llama(4, 4, 128, 352, n_kv_head=2, vocab=256, ctx=256),  # ~0.8M, GQA
+    # The text task's GPT-2 family (oresearcher.tasks.text): 1024-token BPE vocabulary, 128-token
+    # context; named by non-embedding parameters (12 d^2 per layer plus biases and norms), the
+    # count Kaplan et al. (2020) fit scaling laws to. Heads of 16-32 dimensions.
+    "text-25k": _gpt(2, 2, 32, vocab=1024, ctx=128),
+    "text-100k": _gpt(2, 4, 64, vocab=1024, ctx=128),
+    "text-230k": _gpt(3, 5, 80, vocab=1024, ctx=128),
+    "text-450k": _gpt(4, 6, 96, vocab=1024, ctx=128),
+    "text-800k": _gpt(4, 8, 128, vocab=1024, ctx=128),
+    "text-1.5m": _gpt(6, 6, 144, vocab=1024, ctx=128),
     "gpt-125m": _gpt(12, 12, 768),
     "gpt-350m": _gpt(24, 16, 1024),
     "gpt-1.3b": _gpt(24, 16, 2048),

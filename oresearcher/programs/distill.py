@@ -60,7 +60,9 @@ def program(ctx, learner):
     uninterrupted run: the final agents come back from the checkpoint (:class:`FinalAgents`)."""
     count = {"flops": 0.0, "last_step": -1}
     distilling = bool(ctx.scenario.distill.student and ctx.numeric)
-    if distilling and (learner.predict_params is None or learner.task_data is None or learner.n_classes is None):
+    own = ctx.scenario.task.distill_phase  # a task's own phase (text: a token-level teacher)
+    if distilling and own is None and (learner.predict_params is None or learner.task_data is None
+                                       or learner.n_classes is None):
         raise UserError(f"distill.student: task {ctx.scenario.workload.task} cannot be distilled with real values "
                         "yet (a supervised task whose learner has predict_params and task_data: digits)")
     final = ctx.register("distill_final", FinalAgents()) if distilling else None
@@ -73,10 +75,19 @@ def program(ctx, learner):
     if distilling and not learner.cooperative_result and final.data:
         result = yield from _final_agents(ctx, learner, final, count)
     if distilling and learner.cooperative_result:
-        yield from _counted(distill(ctx, learner, count["last_step"] + 1, count), count)
-    elif ctx.scenario.distill.student and not ctx.numeric and ctx.scenario.task.shape_mode:
+        phase = (own or distill)(ctx, learner, count["last_step"] + 1, count)
+        yield from _counted(phase, count)
+    elif ctx.scenario.distill.student and not ctx.numeric and _presets(ctx.scenario):
         yield from distill_shape(ctx, learner, count["last_step"] + 1)
     return result
+
+
+def _presets(sc) -> bool:
+    """Whether the agents and the student are language-model presets (oresearcher.models.PRESETS):
+    what shape mode can price a distillation phase for (synthetic-lm, text)."""
+    from ..models import PRESETS
+
+    return all(a in PRESETS for a in (*arch_ids(sc), sc.distill.student))
 
 
 def _counted(gen, count: dict, on_step=None):

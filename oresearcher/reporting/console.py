@@ -4,7 +4,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
-from .final import deployable_line, final_table
+from .final import deployable_line, final_table, language_line
 from .units import format_bytes
 
 # markup off: what is printed is text, and much of it is the user's (a scenario name, a
@@ -97,6 +97,8 @@ def print_report(report: dict, title: str, column: str = "predicted") -> None:
     if report.get("final"):
         console.print(final_table(report["final"]))
         console.print(deployable_line(report["final"]), highlight=False)
+        if lm := language_line(report.get("metrics")):  # the text task: nats/token, bits/byte, multiple choice
+            console.print(lm, highlight=False)
     spent = [m[-1]["epsilon"] for _, m in sorted((report.get("metrics") or {}).items(), key=lambda kv: int(kv[0]))
              if m and "epsilon" in m[-1]]
     if spent:  # cooperation.privacy: what each agent spent (oresearcher.cooperation.privacy)

@@ -75,8 +75,8 @@ def final_section(metrics: dict, strategy: str | None, shard_group: int | None =
         return None
     agents = [{"rank": r, "role": _role(hist[r]), "value": v} for r, v in values.items()]
     got = [a for a in agents if a["value"] is not None]
-    scored = [v for v in (_last(h, "student_test_accuracy") for h in hist.values()) if v is not None]
-    if scored and key == "test_accuracy":
+    scored = [v for v in (_last(h, f"student_{key}") for h in hist.values()) if v is not None]
+    if scored and key in ("test_accuracy", "val_loss"):  # the student scored as the agents are
         deploy = {"what": "distilled student", "value": scored[0]}
     elif sharded:
         deploy = _sharded_agent(hist, got, shard_group, label)
@@ -140,6 +140,25 @@ def final_table(section: dict, max_rows: int = 16) -> Table:
     if len(agents) > max_rows:
         t.add_row("...", *([""] if roles else []), f"{len(agents) - max_rows} more in report.json")
     return t
+
+
+def language_line(metrics: dict) -> str | None:
+    """A language model's scores (the text task), or None: the deployed student's
+    (``student_*``) when it was distilled, else the mean over the agents' final evaluations:
+    validation loss in nats/token and bits/byte, multiple-choice accuracy with its 95% CI."""
+    hist = [m for m in (metrics or {}).values() if m]
+    for prefix, what in (("student_", "deployed student"), ("", "agents (mean)")):
+        vals = {k: [v for v in (_last(h, prefix + k) for h in hist) if v is not None]
+                for k in ("val_loss", "val_bits_per_byte", "mc_accuracy", "mc_ci_low", "mc_ci_high", "mc_chance")}
+        if vals["val_bits_per_byte"]:
+            m = {k: sum(v) / len(v) for k, v in vals.items() if v}
+            line = (f"{what}: validation loss {m['val_loss']:.4f} nats/token, {m['val_bits_per_byte']:.4f} "
+                    f"bits/byte")
+            if "mc_accuracy" in m:
+                ci = (f" [95% CI {m['mc_ci_low']:.3f}-{m['mc_ci_high']:.3f}]" if prefix and "mc_ci_low" in m else "")
+                line += f"; multiple-choice accuracy {m['mc_accuracy']:.3f}{ci}, chance {m.get('mc_chance', 0):.3f}"
+            return line
+    return None
 
 
 def deployable_line(section: dict) -> str:

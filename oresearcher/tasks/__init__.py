@@ -23,6 +23,7 @@ TASKS = {
     "digits": "oresearcher.tasks.digits",
     "cartpole": "oresearcher.tasks.cartpole",
     "finance": "oresearcher.tasks.finance",
+    "text": "oresearcher.tasks.text",
 }
 
 

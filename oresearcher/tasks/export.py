@@ -147,8 +147,13 @@ def load_model(directory) -> tuple[torch.nn.Module, dict]:
     task = get_task(meta["task"])
     if task.build_model is None:
         raise UserError(f"{Path(directory) / META}: task {meta['task']} has no exportable model")
+    if task.import_tensors is not None:  # a task that exports another layout (text: Hugging Face GPT-2)
+        tensors = task.import_tensors(tensors)
+    vocab = meta.get("vocab_size")  # a language model's vocabulary, where it is not the preset's (text)
+    ok = isinstance(vocab, int) and not isinstance(vocab, bool) and 0 < vocab <= 1 << 16
+    build = {"vocab_size": vocab} if ok else {}
     with torch.random.fork_rng(devices=[]):  # building the module draws init weights, all replaced
-        module = task.build_model(meta["architecture"])
+        module = task.build_model(meta["architecture"], **build)
     want = module.state_dict()
     if set(tensors) != set(want):
         extra, missing = sorted(set(tensors) - set(want)), sorted(set(want) - set(tensors))

@@ -33,6 +33,11 @@ class Task:
     privacy_needs_dataset_size: bool = False  # an unbounded stream: cooperation.privacy.dataset_size sets the rate
     # the cooperative agents are compared with one model trained alone (oresearcher.programs.finance_baseline)
     single_model_comparison: bool = False
+    # the task's own distillation (None: oresearcher.cooperation.distill's, for supervised learners)
+    distill_phase: Optional[Callable] = None  # (ctx, learner, first_step, count) -> the phase's op program
+    distill_comparison: Optional[Callable] = None  # (learner, scenario) -> the report's comparison section
+    export_model: Optional[Callable] = None  # (learner, scenario, directory): the deployed model in its own format
+    import_tensors: Optional[Callable] = None  # (tensors) -> tensors in build_model's names (an export read back)
 
     def inputs(self, arch: str) -> dict:
         """How a raw input becomes ``arch``'s (written beside an exported model); {} if undeclared."""

@@ -15,7 +15,7 @@ def _bench(*argv):
     return subprocess.run([sys.executable, "benchmarks/bench_ablation.py", *argv], capture_output=True, text=True)
 
 
-@pytest.mark.parametrize("task", ["digits", "finance", "synthetic-lm"])
+@pytest.mark.parametrize("task", ["digits", "finance", "synthetic-lm", "text"])
 def test_every_variant_loads_and_changes_its_mechanism(task):
     full = M.scenario(task, "oresearcher", 100, 1.0, "quick")
     for v in A.variants_for(task):
@@ -30,7 +30,8 @@ def test_peer_term_rows_only_where_a_learner_takes_a_peer_term():
     """A task whose learner has no set_peer_term ignores cooperation.rewards.peer_term: no row for it."""
     tasks = Path(__file__).resolve().parents[2] / "oresearcher" / "tasks"
     for task in M.TASKS:
-        source = "".join(f.read_text() for f in tasks.glob(task.replace("-", "_") + "*.py"))
+        files = [*tasks.glob(task.replace("-", "_") + "*.py"), *(tasks / task).glob("*.py")]  # a module or a folder
+        source = "".join(f.read_text() for f in files)
         assert source, task
         assert ("def set_peer_term" in source) == (task in A.PEER_TERM), task
     assert _bench("--variants", "no such thing").returncode == 2

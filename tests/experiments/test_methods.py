@@ -68,6 +68,15 @@ def test_paired_verdict_against_the_best_baseline_by_hand():
     assert M.verdict(rows, "model")[1].startswith("loses")
 
 
+def test_a_loss_verdict_takes_the_lowest_baseline_and_a_lower_loss_wins():
+    rows = {"oresearcher": [{"model_loss": x} for x in (3.0, 3.1, 3.05)],
+            "single": [{"model_loss": x} for x in (4.0, 4.2, 4.1)], "ddp": [{"model_loss": x} for x in (3.5, 3.6, 3.4)]}
+    best, word = M.verdict(rows, "model_loss", higher=False)
+    assert best == "ddp" and word.startswith("wins")
+    rows["oresearcher"] = [{"model_loss": x} for x in (5.0, 5.1, 5.2)]
+    assert M.verdict(rows, "model_loss", higher=False)[1].startswith("loses")
+
+
 def test_bad_task_is_one_line():
     p = subprocess.run([sys.executable, "benchmarks/bench_cooperation.py", "--tasks", "nope", "--plots", ""],
                        capture_output=True, text=True)
