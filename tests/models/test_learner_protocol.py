@@ -12,12 +12,20 @@ from oresearcher.models.learner import Learner, LearnerBase, ShapeLearner
 from oresearcher.scenario import load_scenario
 from oresearcher.tasks import TASKS, make_learner
 
-SCENARIO = {"synthetic-lm": "cpu-tiny", "digits": "digits-4", "cartpole": "cartpole-4", "finance": "finance"}
+SCENARIO = {"synthetic-lm": "cpu-tiny", "digits": "digits-4", "cartpole": "cartpole-4", "finance": "finance",
+            "text": "text-4"}
+
+
+def _small(task, tmp_path) -> list[str]:
+    """Overrides that keep a task's learner cheap and out of the user's cache (text: a fresh
+    model, a small tokenizer, a temporary cache)."""
+    return {"text": ["workload.options.init=none", f"workload.options.cache_dir={tmp_path}", "workload.model=text-25k",
+            "workload.options.vocab_size=300", "workload.options.tokenizer_corpus=bible", "distill.student=null"]}.get(task, [])
 
 
 @pytest.mark.parametrize("task", sorted(TASKS))
-def test_every_task_makes_a_learner(task):
-    sc = load_scenario(f"scenarios/{SCENARIO[task]}.yaml")
+def test_every_task_makes_a_learner(task, tmp_path):
+    sc = load_scenario(f"scenarios/{SCENARIO[task]}.yaml", _small(task, tmp_path))
     assert sc.workload.task == task
     learner = make_learner(sc, 0, mode="numeric")
     assert isinstance(learner, Learner)
