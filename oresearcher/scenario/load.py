@@ -67,13 +67,19 @@ def as_set(text: str) -> str:
     return "--set " + (text if len(text) <= 120 else text[:117] + "...")
 
 
-def blame(source: str, err: ValidationError, overrides=(), labels=None, file_alone_valid=None) -> str:
+def blame(source: str, err: ValidationError, overrides=(), labels=None, file_alone_valid=None,
+          valid_without=None) -> str:
     """Whom an error names: the ``--set`` (or flag) that wrote the bad field; for an error
-    across fields that the file alone does not have, the overrides; else the file."""
+    across fields that the file alone does not have, the overrides; else the file.
+    Several ``--set`` under the failing section (``workload.options.corpus=x`` and
+    ``workload.options.cache_dir=y`` for an error at ``workload.options``): the one without
+    which the scenario validates (``valid_without(text)``), else the last applied."""
     label = (labels or {}).get
     loc = ".".join(str(p) for p in err.errors()[0]["loc"])
     keys = [(t, t.split("=", 1)[0].strip()) for t in overrides]
     hit = [t for t, k in keys if loc and (loc == k or loc.startswith(k + ".") or k.startswith(loc + "."))]
+    if len(hit) > 1 and valid_without is not None:
+        hit = [t for t in hit if valid_without(t)][-1:] or hit
     if hit:  # the last one applied is the value that failed
         return label(hit[-1]) or as_set(hit[-1])
     if overrides and file_alone_valid is not None and file_alone_valid():
@@ -104,7 +110,16 @@ def validate(data: Any, source: str, overrides=(), labels=None, base: Any = None
         return Scenario.model_validate(data)
     except ValidationError as e:
         ok = None if base is None else lambda: _valid(base)
-        raise UserError(_format_error(blame(source, e, list(overrides), labels, ok), e)) from None
+        without = None if base is None else lambda t: _valid_without(base, overrides, t)
+        raise UserError(_format_error(blame(source, e, list(overrides), labels, ok, without), e)) from None
+
+
+def _valid_without(base, overrides, text: str) -> bool:
+    """Whether ``base`` with every override but ``text`` applied validates."""
+    try:
+        return _valid(overridden(base, [o for o in overrides if o != text]))
+    except UserError:  # a later override needed the section this one wrote
+        return False
 
 
 def _valid(data) -> bool:

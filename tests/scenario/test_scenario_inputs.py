@@ -306,3 +306,15 @@ def test_random_text_parses_or_raises_user_error(text):
             S.validate(data, "doc")
     except UserError as e:
         assert "\n" not in str(e)
+
+
+@pytest.mark.parametrize("bad, ok", [
+    ("workload.options.corpus=shakespeare", "workload.options.eval_tokens=512"),
+    ("workload.seq_len=200", "workload.options.mc_questions=10"),
+])
+@pytest.mark.parametrize("bad_first", [True, False])
+def test_an_error_under_a_section_names_the_set_that_made_it_not_a_neighbour(bad, ok, bad_first):
+    sets = [bad, ok] if bad_first else [ok, bad]
+    with pytest.raises(UserError) as e:
+        S.load_scenario("scenarios/text-4.yaml", sets)
+    assert str(e.value).startswith(f"--set {bad}:"), str(e.value)
