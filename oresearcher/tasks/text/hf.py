@@ -21,7 +21,6 @@ config: an export is for inference.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import torch
@@ -97,21 +96,21 @@ def eos_token(tokenizer_path) -> tuple[str, int | None]:
 def write_hf(directory, module, tokenizer_path, *, model_name: str, task: str = "text",
              metrics: dict | None = None, scenario: str = "") -> Path:
     """Write the Hugging Face directory of the module doc; returns it."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
-    from ...files import sha256_file
+    from ...files import sha256_file, write_atomic, write_text
     from .. import export as X
 
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     eos, eos_id = eos_token(tokenizer_path)
-    tmp = out / (X.WEIGHTS + ".tmp")
-    save_file(to_hf(module.state_dict()), str(tmp), metadata={"format": "pt"})  # "pt": what transformers expects
-    tmp.replace(out / X.WEIGHTS)
-    (out / "config.json").write_text(json.dumps(hf_config(module.cfg, eos_id), indent=2) + "\n")
-    (out / "generation_config.json").write_text(json.dumps({"bos_token_id": eos_id, "eos_token_id": eos_id}) + "\n")
-    shutil.copyfile(tokenizer_path, out / "tokenizer.json")
-    (out / "tokenizer_config.json").write_text(json.dumps({
+    # every file through the safe-write path (a link planted at a name is replaced, never followed);
+    # "pt": the safetensors format transformers expects
+    write_atomic(out / X.WEIGHTS, save(to_hf(module.state_dict()), metadata={"format": "pt"}))
+    write_text(out / "config.json", json.dumps(hf_config(module.cfg, eos_id), indent=2) + "\n")
+    write_text(out / "generation_config.json", json.dumps({"bos_token_id": eos_id, "eos_token_id": eos_id}) + "\n")
+    write_atomic(out / "tokenizer.json", Path(tokenizer_path).read_bytes())
+    write_text(out / "tokenizer_config.json", json.dumps({
         "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": eos, "eos_token": eos, "unk_token": eos,
         "model_max_length": module.cfg.max_seq_len, "clean_up_tokenization_spaces": False}, indent=2) + "\n")
     meta = {"format": X.FORMAT, "task": task, "architecture": model_name,
@@ -122,7 +121,7 @@ def write_hf(directory, module, tokenizer_path, *, model_name: str, task: str = 
             "metrics": {k: float(v) for k, v in (metrics or {}).items()
                         if isinstance(v, (int, float)) and not isinstance(v, bool)},
             "scenario": scenario}
-    (out / X.META).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    write_text(out / X.META, json.dumps(meta, indent=2, sort_keys=True) + "\n")
     return out
 
 

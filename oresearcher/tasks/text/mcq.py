@@ -32,9 +32,11 @@ seed) and versioned (:data:`MCQ_VERSION`, bumped whenever a question could chang
 from __future__ import annotations
 
 import csv
+import io
 import math
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
 import numpy as np
@@ -88,10 +90,13 @@ class QuestionSet:
     def write_mmlu_csv(self, path) -> None:
         """MMLU's file format: one row per question, no header: question, the choices, the
         answer's letter."""
-        with open(path, "w", newline="", encoding="utf-8") as f:
-            w = csv.writer(f)
-            for q in self.questions:
-                w.writerow([q.context, *q.choices, LETTERS[q.answer]])
+        from ...files import write_text
+
+        buf = io.StringIO(newline="")
+        w = csv.writer(buf)
+        for q in self.questions:
+            w.writerow([q.context, *q.choices, LETTERS[q.answer]])
+        write_text(Path(path), buf.getvalue())
 
 
 def sentences(text: str) -> list[tuple[int, int]]:

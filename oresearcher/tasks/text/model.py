@@ -66,17 +66,16 @@ def add_dropout(module: DecoderLM, p: float) -> list:
 def save_checkpoint(directory, module: DecoderLM, name: str, meta: dict | None = None) -> Path:
     """``model.safetensors`` (own tensor names, the tied head once) and ``config.json``
     (the preset, its shape, ``meta``) into ``directory``, written whole or not at all."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save
+
+    from ...files import write_atomic, write_text
 
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     tensors = {k: v.detach().cpu().contiguous().clone() for k, v in module.state_dict().items()
                if k != "lm_head.weight"}  # tied to tok_emb.weight
-    save_file(tensors, str(out / (WEIGHTS + ".tmp")), metadata={"format": "pt"})
-    (out / (WEIGHTS + ".tmp")).replace(out / WEIGHTS)
-    config = checkpoint_config(module, name, meta)
-    (out / (CONFIG + ".tmp")).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    (out / (CONFIG + ".tmp")).replace(out / CONFIG)
+    write_atomic(out / WEIGHTS, save(tensors, metadata={"format": "pt"}))  # links replaced, never followed
+    write_text(out / CONFIG, json.dumps(checkpoint_config(module, name, meta), indent=2, sort_keys=True) + "\n")
     return out
 
 
