@@ -43,6 +43,7 @@ import torch.nn.functional as F
 
 from . import ensemble as E
 from ..models.workloads import measure_module, per_rank_batch
+from ..models.flat_step import FlatGradStep
 from ..seeds import STREAM, derive
 
 
@@ -95,7 +96,7 @@ def label_rows(total: int, steps: int, batch: int, seed: int) -> torch.Tensor:
     return torch.randperm(total, generator=g)[:min(total, steps * batch)].sort().values
 
 
-class Student:
+class Student(FlatGradStep):
     """The student, its optimizer and its data: the shard ``(X, y)`` with teacher logits."""
 
     def __init__(self, module, X, y, teacher, *, batch: int, lr: float, temperature: float, alpha: float,
@@ -127,13 +128,6 @@ class Student:
         self.opt.zero_grad(set_to_none=False)
         loss.backward()
         return {"distill_loss": float(loss.detach())}
-
-    def flat_grad(self) -> torch.Tensor:
-        return torch.cat([p.grad.reshape(-1) for p in self.module.parameters()])
-
-    def apply(self, flat: torch.Tensor) -> None:
-        torch.nn.utils.vector_to_parameters(flat, [p.grad for p in self.module.parameters()])
-        self.opt.step()
 
 
 def replay_rows(shared, rank: int, n: int, X: torch.Tensor):

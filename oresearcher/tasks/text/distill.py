@@ -24,6 +24,7 @@ import torch
 
 import torch.nn.functional as F
 
+from ...models.flat_step import FlatGradStep
 from ...errors import UserError
 from ...models.workloads import per_rank_batch
 from ...ops import AllReduce, Compute, StepDone
@@ -62,8 +63,10 @@ def teacher_logprobs(learner, members, x: torch.Tensor) -> torch.Tensor:
     return (total / len(members)).log_softmax(-1)
 
 
-class TextStudent:
-    """The student, its optimizer and its windows."""
+class TextStudent(FlatGradStep):
+    """The student, its optimizer and its windows; its averaged gradient clipped to norm 1."""
+
+    clip = 1.0
 
     def __init__(self, module, stream, lr: float, temperature: float, alpha: float):
         self.module, self.stream = module, stream
@@ -78,14 +81,6 @@ class TextStudent:
         self.opt.zero_grad(set_to_none=False)
         loss.backward()
         return {"distill_loss": float(loss.detach())}
-
-    def flat_grad(self) -> torch.Tensor:
-        return torch.cat([p.grad.reshape(-1) for p in self.module.parameters()])
-
-    def apply(self, flat: torch.Tensor) -> None:
-        torch.nn.utils.vector_to_parameters(flat, [p.grad for p in self.module.parameters()])
-        torch.nn.utils.clip_grad_norm_(self.module.parameters(), 1.0)
-        self.opt.step()
 
 
 def _student(sc, learner, res):
