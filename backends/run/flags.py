@@ -1,6 +1,6 @@
 """The run command's flags and scenario: the parser, the flags that are shortcuts for
 scenario fields, the checks that a flag is one the strategy uses, and loading the scenario
-(or a run directory's saved copy, with ``--resume``). :mod:`oresearcher.backends.run_command`
+(or a run directory's saved copy, with ``--resume``). :mod:`oresearcher.backends.run.command`
 launches what this loads.
 """
 from __future__ import annotations
