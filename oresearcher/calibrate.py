@@ -220,6 +220,7 @@ def roofline_rates(scenario, backend: str):
 
 def main(argv=None) -> int:
     from oresearcher.backends.run import launcher
+    from oresearcher.backends.run.flags import hand_down, handed_down
     from oresearcher.backends.run.worker import backend_unavailable
 
     args = build_parser().parse_args(argv)
@@ -227,7 +228,7 @@ def main(argv=None) -> int:
     denv = launcher.from_environ()
     logging.basicConfig(level="INFO" if denv is None or denv.rank == 0 else "WARNING",
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    scenario = _scenario(args)
+    scenario = handed_down(denv) or _scenario(args)  # a rank of _launch: the scenario parsed there
     if args.scenario != given:  # a shipped one: say which
         log.info("scenario file: %s", args.scenario)
     reason = backend_unavailable(args.backend)
@@ -241,7 +242,7 @@ def main(argv=None) -> int:
     sizes = default_sizes(int(args.max_bytes))
     if denv is None:
         _check_destination(Path(args.out or Path("runs") / scenario.name / "profile.yaml"))
-        return _launch(args, argv, scenario.world_size)
+        return _launch(args, argv, scenario.world_size, hand_down(scenario))
     from oresearcher.backends.calibration.measure import calibrate_rank
 
     m = calibrate_rank(scenario, denv, backend=args.backend, timeout_s=args.timeout, sizes=sizes,
@@ -268,12 +269,13 @@ def _check_destination(out: Path) -> None:
     writable_dir(out.parent)
 
 
-def _launch(args, argv, world: int) -> int:
+def _launch(args, argv, world: int, env: dict | None = None) -> int:
+    """Start the ranks; ``env``: theirs, with the parsed scenario (backends/run/flags.py hand_down)."""
     from oresearcher.backends.run import launcher
 
     cmd = [sys.executable, "-m", "oresearcher.calibrate", *(sys.argv[1:] if argv is None else argv)]
     log.info("measuring with %d local %s ranks", world, args.backend)
-    result = launcher.launch_local(cmd, world, timeout_s=args.timeout)
+    result = launcher.launch_local(cmd, world, timeout_s=args.timeout, env=env)
     if not result.ok:
         if 2 in result.exit_codes and 1 not in result.exit_codes:
             return 2  # a rank printed its one-line refusal (rank 0 alone writes the profile); no crash beside it

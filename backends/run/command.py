@@ -18,7 +18,8 @@ from oresearcher.reporting.console import print_report, run_title
 from oresearcher.scenario import resume
 from oresearcher.tasks import batch_note
 
-from .flags import RESHARDABLE, SAVED_SCENARIO, build_parser, load, save_scenario, setup_logging
+from .flags import RESHARDABLE, SAVED_SCENARIO, build_parser, hand_down, handed_down, load, run_dir, save_scenario
+from .flags import setup_logging
 
 log = logging.getLogger("oresearcher.run")
 
@@ -35,7 +36,7 @@ def main(argv=None) -> int:
     setup_logging(args.log_level, denv.rank if denv else None)
     if denv is not None and denv.restart and not args.resume:
         _restarted(args)
-    scenario, out, diffs = load(args)
+    scenario, out, diffs = _scenario(args, denv)
     if (denv is None or denv.rank == 0) and (note := batch_note(scenario)):
         log.warning("%s", note)
     reason = backend_unavailable(args.backend)
@@ -60,6 +61,16 @@ def main(argv=None) -> int:
     if denv is not None:
         return _join(scenario, opts, denv, args, diffs)
     return _launch(scenario, opts, args, diffs, argv)
+
+
+def _scenario(args, denv):
+    """(scenario, run directory, changes a resume makes on purpose): parsed from the flags,
+    or, in a rank our launcher started, the scenario the command parsed and handed down
+    (the command checked the flags, the resume and its changes already)."""
+    scenario = handed_down(denv)
+    if scenario is None:
+        return load(args)
+    return scenario, run_dir(args, scenario), []
 
 
 def _restarted(args) -> None:
@@ -142,7 +153,8 @@ def _launch(scenario, opts, args, diffs, argv) -> int:
         log.info("starting %d local %s ranks; run directory %s", world, args.backend, out)
         with launcher.signals_raise() as caught:
             try:
-                result = launcher.launch_local(cmd, world, timeout_s=opts.timeout_s, threads=opts.threads)
+                result = launcher.launch_local(cmd, world, timeout_s=opts.timeout_s, threads=opts.threads,
+                                               env=hand_down(scenario))
             except launcher.Signalled:
                 rundir.remove_temp_files(out)
                 print(f"error: stopped by {caught.name}; the ranks were stopped and temporary files removed "
