@@ -87,7 +87,7 @@ SCENARIO = REPO / "scenarios" / "alloc-8on4.yaml"
 def host_link_GBps(sets) -> tuple:
     """One agent's state copied out to host buffers and back, median of 50 (GB/s one way,
     calibrate's own measurement); and the learner (its FLOPs per step)."""
-    from oresearcher.backends.calibration import measure_host_link
+    from oresearcher.backends.calibration.measure import measure_host_link
     from oresearcher.tasks import make_learner
 
     sc = load_scenario(SCENARIO, sets)

@@ -1,5 +1,5 @@
 """Simulated memory per rank of fsdp (sim/memory.py, estimate_fsdp_memory) beside the
-peak measured on gloo ranks (the profiler's allocation events, backends/memory_probe.py),
+peak measured on gloo ranks (the profiler's allocation events, backends/calibration/memory_probe.py),
 for ZeRO-3 and ZeRO-2, at 2 and 4 ranks.
 
     OMP_NUM_THREADS=1 python benchmarks/bench_fsdp_memory.py
@@ -19,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from oresearcher.backends.launcher import launch_local
+from oresearcher.backends.run.launcher import launch_local
 from oresearcher.scenario import load_scenario
 from oresearcher.sim.simulate import build_cluster, memory_report
 

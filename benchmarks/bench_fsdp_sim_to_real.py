@@ -8,7 +8,7 @@ The predict-then-measure chain of ``bench_sim_to_real.py``, per world size and r
 ``python -m oresearcher.calibrate`` on the scenario itself (its own launch, every rank
 busy), right away the real run (``python -m oresearcher.run --backend=gloo``), then the
 simulator on the identical scenario pointed at that profile. On an fsdp scenario
-calibrate times the program's own step by pieces (``backends/calibration_fsdp_inrun.py``):
+calibrate times the program's own step by pieces (``backends/calibration/fsdp_inrun.py``):
 FSDP2's collectives (the in-run factor is fitted to them), its copies, the optimizer and
 the passes, and scales the microbenchmarks' constants to that step.
 ``--calibrate-with ddp`` calibrates the ddp program of the same model and per-rank batch
@@ -52,7 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_sim_to_real import (REPO, WARMUP, calibrate, cpu_ticks, err, host_stolen, measure, predict,  # noqa: E402
                                print_table, spread)
 
-from oresearcher.backends.launcher import launch_local  # noqa: E402
+from oresearcher.backends.run.launcher import launch_local  # noqa: E402
 from oresearcher.files import write_text  # noqa: E402
 
 PROFILER = REPO / "tests" / "backends" / "bk_fsdp_profile.py"

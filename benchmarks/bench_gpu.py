@@ -242,7 +242,7 @@ def calibrate_rows(mode: Mode, out: Path) -> tuple:
 
     one = overrides("gpt-125m" if not mode.dry else "gpt-tiny", mode.profile, mode)
     if mode.dry:  # the nccl CLI refuses a CPU: run the same measurements on it directly
-        from oresearcher.backends.calibration_device import calibrate_device
+        from oresearcher.backends.calibration.device import calibrate_device
         from oresearcher.scenario import load_scenario
 
         torch.set_num_threads(1)

@@ -45,7 +45,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     gpu_table()
     if not a.no_cpu:
-        from oresearcher.backends.roofline_check import main as cpu_main
+        from oresearcher.backends.calibration.roofline_check import main as cpu_main
 
         print("\nthis CPU, one thread, fp32, rates measured as calibrate does (medians of 5 rounds):")
         cpu_main([])

@@ -5,7 +5,7 @@ PyTorch loop training the same model on the same batches.
 
 The project's side is what ``python -m oresearcher.run`` executes on one rank: the ``single``
 program (:mod:`oresearcher.programs.data_parallel`) yields its ops, the real backend's
-interpreter (:class:`oresearcher.backends.interpreter.Interpreter`) runs and times them, and
+interpreter (:class:`oresearcher.backends.run.interpreter.Interpreter`) runs and times them, and
 the text learner (:mod:`oresearcher.tasks.text.learner`) does the work: batch from the
 memory-mapped corpus, forward, backward, AdamW step. The bare side is the loop a nanoGPT
 user writes: the same model (same initialisation), the same AdamW, the same batch stream
@@ -44,7 +44,7 @@ def scenario(model: str, steps: int, batch: int):
 
 def project_steps(sc) -> list[float]:
     """Wall seconds of each step of the single program run by the real backend's interpreter."""
-    from oresearcher.backends.interpreter import Interpreter
+    from oresearcher.backends.run.interpreter import Interpreter
     from oresearcher.programs import AgentContext, get_program
     from oresearcher.reporting.report import Timeline
     from oresearcher.tasks import make_learner

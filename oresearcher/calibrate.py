@@ -4,7 +4,7 @@
     python -m oresearcher.calibrate --backend=gloo --scenario scenarios/local-gloo.yaml --num_agents=4 \\
         --out profiles/gloo-4.yaml
     python -m oresearcher.calibrate --backend=nccl --scenario S --set agents.count=1 ...   # one GPU:
-        # matmul rate, memory bandwidth, launch cost (backends/calibration_device.py)
+        # matmul rate, memory bandwidth, launch cost (backends/calibration/device.py)
 
 It starts the scenario's ranks (or joins torchrun's), times collectives over a size
 sweep and a few steps of the scenario's own program with all ranks busy at once, and
@@ -52,7 +52,7 @@ With it the simulator draws one factor per step (``compute_jitter_cv`` is then t
 step's spread itself).
 
 At each of the program's own collectives the ranks' times differ by how much earlier
-each arrived and how much later each woke (:func:`backends.calibration.merge_waits`).
+each arrived and how much later each woke (:func:`backends.calibration.measure.merge_waits`).
 The device's ``wake_delay_us`` is the mean wake-up delay with which the simulated
 ranks' times there, drawn as the simulator draws them (:func:`simulated_meetings`),
 spread as much on top of the fitted jitter (:func:`fit_wake`); the in-run rows then
@@ -61,11 +61,11 @@ what the delay adds. ``--no-jitter`` fits no delay either.
 
 For language-model scenarios on CPU the device profile also holds what the fsdp
 schedule prices beside the FLOPs (``oresearcher/programs/fsdp_costs.py``), measured with
-every rank busy (``backends/calibration_fsdp.py``): the rate of the FLOP-declaring Compute
+every rank busy (``backends/calibration/fsdp.py``): the rate of the FLOP-declaring Compute
 ops alone (``pass_flops_per_s``), the copy bandwidth at a block's size, the sharded
 optimizer's DTensor dispatch and plain step, and FSDP2's bookkeeping per parameter per
 collective and its hooks per unit. Calibrating an fsdp scenario itself also times the
-program's own step by pieces (``backends/calibration_fsdp_inrun.py``; its forward and
+program's own step by pieces (``backends/calibration/fsdp_inrun.py``; its forward and
 backward is one Compute op with FSDP2's collectives inside): the fabric is scaled to
 FSDP2's collectives, each group of those constants to its share of the real step, and the
 passes' rate (the device's rate too) is their FLOPs over the rest of forward and backward.
@@ -210,7 +210,7 @@ def roofline_rates(scenario, backend: str):
     w = scenario.workload
     if not scenario.task.language_model:
         return None
-    from oresearcher.backends.device_rates import measure_rates
+    from oresearcher.backends.calibration.device_rates import measure_rates
     from oresearcher.models.workloads import per_rank_batch
 
     device = "cuda" if backend == "nccl" else "cpu"
@@ -219,15 +219,16 @@ def roofline_rates(scenario, backend: str):
 
 
 def main(argv=None) -> int:
-    from oresearcher.backends import launcher
-    from oresearcher.backends.worker import backend_unavailable
+    from oresearcher.backends.run import launcher
+    from oresearcher.backends.run.flags import hand_down, handed_down
+    from oresearcher.backends.run.worker import backend_unavailable
 
     args = build_parser().parse_args(argv)
     given, args.scenario = args.scenario, str(find_scenario(args.scenario))
     denv = launcher.from_environ()
     logging.basicConfig(level="INFO" if denv is None or denv.rank == 0 else "WARNING",
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    scenario = _scenario(args)
+    scenario = handed_down(denv) or _scenario(args)  # a rank of _launch: the scenario parsed there
     if args.scenario != given:  # a shipped one: say which
         log.info("scenario file: %s", args.scenario)
     reason = backend_unavailable(args.backend)
@@ -236,13 +237,13 @@ def main(argv=None) -> int:
     if args.compute_steps is not None and args.compute_steps < 1:
         raise UserError(f"--compute-steps must be at least 1, got {args.compute_steps}")
     if args.backend == "nccl" and scenario.world_size == 1 and denv is None:  # no collectives: the device alone
-        from .backends.calibration_device import run_cli
+        from .backends.calibration.device import run_cli
         return run_cli(args, scenario)
     sizes = default_sizes(int(args.max_bytes))
     if denv is None:
         _check_destination(Path(args.out or Path("runs") / scenario.name / "profile.yaml"))
-        return _launch(args, argv, scenario.world_size)
-    from oresearcher.backends.calibration import calibrate_rank
+        return _launch(args, argv, scenario.world_size, hand_down(scenario))
+    from oresearcher.backends.calibration.measure import calibrate_rank
 
     m = calibrate_rank(scenario, denv, backend=args.backend, timeout_s=args.timeout, sizes=sizes,
                        repeats=args.repeats, compute_steps=args.compute_steps or default_compute_steps(scenario),
@@ -268,12 +269,13 @@ def _check_destination(out: Path) -> None:
     writable_dir(out.parent)
 
 
-def _launch(args, argv, world: int) -> int:
-    from oresearcher.backends import launcher
+def _launch(args, argv, world: int, env: dict | None = None) -> int:
+    """Start the ranks; ``env``: theirs, with the parsed scenario (backends/run/flags.py hand_down)."""
+    from oresearcher.backends.run import launcher
 
     cmd = [sys.executable, "-m", "oresearcher.calibrate", *(sys.argv[1:] if argv is None else argv)]
     log.info("measuring with %d local %s ranks", world, args.backend)
-    result = launcher.launch_local(cmd, world, timeout_s=args.timeout)
+    result = launcher.launch_local(cmd, world, timeout_s=args.timeout, env=env)
     if not result.ok:
         if 2 in result.exit_codes and 1 not in result.exit_codes:
             return 2  # a rank printed its one-line refusal (rank 0 alone writes the profile); no crash beside it
@@ -283,6 +285,6 @@ def _launch(args, argv, world: int) -> int:
 
 
 if __name__ == "__main__":
-    from oresearcher.backends.worker import entry_point
+    from oresearcher.backends.run.worker import entry_point
 
     entry_point(main)

@@ -19,12 +19,12 @@ Writes ``<out>/report.json`` (rank 0; the simulator's schema, see
 :mod:`oresearcher.reporting.report`), TensorBoard runs under ``<out>/tensorboard`` and, with
 ``--checkpoint_every``, per-rank checkpoints under ``<out>/checkpoints``. Flags override
 the scenario's fields; ``--set path.to.field=value`` reaches any other field. The command
-is :mod:`oresearcher.backends.run_command` (launch, join, outcome) over
-:mod:`oresearcher.backends.run_flags` (flags, scenario loading).
+is :mod:`oresearcher.backends.run.command` (launch, join, outcome) over
+:mod:`oresearcher.backends.run.flags` (flags, scenario loading).
 """
-from oresearcher.backends.run_command import main  # noqa: F401
+from oresearcher.backends.run.command import main  # noqa: F401
 
 if __name__ == "__main__":
-    from oresearcher.backends.worker import entry_point
+    from oresearcher.backends.run.worker import entry_point
 
     entry_point(main)

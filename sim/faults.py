@@ -83,7 +83,7 @@ def bandwidth_factor(links, now: float) -> float:
 
 
 def checkpoint_due(step: int, prev: int, every: int, total: int) -> bool:
-    """The real backend's rule (backends/checkpoint.py Checkpointer.due): a checkpoint falls
+    """The real backend's rule (backends/checkpoint/per_rank.py Checkpointer.due): a checkpoint falls
     due every ``every`` steps and is written at the first resume boundary at or after it.
     The backend's save after the last step is left out: it comes after the run's end, and
     nothing is recomputed from it."""

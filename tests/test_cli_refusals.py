@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture
 def cli(tmp_path, monkeypatch, capsys):
     """Run a CLI main(); returns (exit code, stdout, stderr lines)."""
-    from oresearcher.backends import launcher
+    from oresearcher.backends.run import launcher
 
     for k in ("RANK", "WORLD_SIZE", "TORCHELASTIC_RESTART_COUNT"):
         monkeypatch.delenv(k, raising=False)
@@ -81,7 +81,7 @@ def test_the_design_documents_command_is_refused_not_run_as_ddp(tmp_path, cli):
 def test_the_flags_a_strategy_uses_pass_the_check(tmp_path, cli, monkeypatch):
     """The same flags with the strategy that reads them get past every check to the launch
     (the stub stops it there)."""
-    from oresearcher.backends import run_command as run
+    from oresearcher.backends.run import command as run
 
     reached = []
     monkeypatch.setattr(run, "_launch", lambda scenario, *a: reached.append(scenario) or 0)
@@ -291,7 +291,7 @@ def test_compare_names_calibrated_profiles_without_the_hint(tmp_path, cli):
 def test_the_second_readme_run_is_told_about_out(tmp_path, monkeypatch, cli, capsys):
     """The README's first two run commands share runs/local-gloo/gloo: the second is refused
     in one line that names --out beside --resume and --overwrite."""
-    from oresearcher.backends import launcher
+    from oresearcher.backends.run import launcher
 
     class Started(Exception):
         pass
@@ -327,7 +327,7 @@ def test_torchruns_rank_0_prints_the_table_counting_the_whole_run(start, ran, ti
     table a local launch prints; a resumed run's title counts all its steps."""
     import json
 
-    from oresearcher.backends import worker
+    from oresearcher.backends.run import worker
 
     for k, v in {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}.items():
         monkeypatch.setenv(k, v)

@@ -98,7 +98,7 @@ def _parse_and_load(cli: str, argv: list[str]) -> None:
         for value in (values.split(",") if args.sweep else [None]):
             load_scenario(path, sets + ([f"{field}={value}"] if value is not None else []))
     else:
-        from oresearcher.backends.run_flags import build_parser, load
+        from oresearcher.backends.run.flags import build_parser, load
 
         load(build_parser().parse_args(argv))
 

@@ -134,6 +134,26 @@ def test_no_import_cycle_between_files_or_rooms():
     assert cycles(rooms) == []
 
 
+# the backends' own rooms, bottom up (docs/design.md, "The backends' rooms")
+BACKEND_ROOMS = ["checkpoint", "fsdp", "run", "calibration"]
+
+
+def backend_room(module: str) -> str:
+    parts = module.split(".")
+    return parts[2] if len(parts) > 3 and parts[1] == "backends" else ""
+
+
+def test_backend_rooms_import_downwards_only():
+    """checkpoint <- fsdp <- run <- calibration; every backends module sits in one of them."""
+    mods = [m for m in MODS if room(m) == "backends" and m != "oresearcher.backends"]
+    assert {backend_room(m) for m in mods} - {""} == set(BACKEND_ROOMS)
+    assert all(backend_room(m) or MODS[m].name == "__init__.py" for m in mods), "a flat file in backends/: give it a room"
+    level = {r: i for i, r in enumerate(BACKEND_ROOMS)}
+    wrong = sorted(f"{a} -> {b}" for a in mods for b in EDGES[a]
+                   if backend_room(a) and backend_room(b) and level[backend_room(a)] < level[backend_room(b)])
+    assert wrong == [], "an import from a lower backends room to a higher one:\n" + "\n".join(wrong)
+
+
 def test_the_cycle_finder_finds_a_cycle():
     """The check above can fail: a two-file and a three-file cycle are found, a chain is not."""
     assert cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]

@@ -56,7 +56,7 @@ def op_jitter_cv(step_cv: float, op_flops, rate: float, host_s: float) -> float:
 def simulated_meetings(rows, rate: float, host_s: float, cv: float, world: int, rho: float = 0.0,
                        wake_s: float = 0.0, draws: int = 0, seed: int = 0) -> tuple[float, float]:
     """How the simulated ranks meet at the collectives of ``rows``
-    (:func:`backends.calibration.merge_waits`: the Compute ops' FLOPs between two
+    (:func:`backends.calibration.measure.merge_waits`: the Compute ops' FLOPs between two
     collectives, and their steps): ``(spread, floor)``, means over the rows of
     ``mean_r x_r - min_r x_r`` and of ``min_r x_r``, where x_r is rank r's time in the
     collective beyond the transfer: its wait for the last arrival plus its wake-up delay.

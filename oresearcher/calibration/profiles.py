@@ -73,7 +73,7 @@ def pass_rate(m: Measurement, jitter: bool = False) -> float | None:
 
 def fsdp_fit(m: Measurement, jitter: bool = False) -> dict | None:
     """The fsdp schedule's host costs at the level of the fsdp program's own step
-    (``Measurement.fsdp_step``, backends/calibration_fsdp_inrun.py); None where it was not
+    (``Measurement.fsdp_step``, backends/calibration/fsdp_inrun.py); None where it was not
     timed. Each group's seconds per step (the slowest rank's; with jitter the mean over
     ranks, as :func:`compute_rate`) over what the schedule charges for it at the
     microbenchmarks' constants scales that group's constants:
@@ -160,7 +160,7 @@ def device_doc(name: str, m: Measurement, memory_bytes: float, jitter: bool = Fa
         **({"compute_jitter_rho": rho} if rho > 0 else {}),
         **({"wake_delay_us": wake / US} if wake > 0 else {}),
         **({"streams": False} if m.backend == "gloo" else {}),  # CPU ranks (oresearcher/hardware/__init__.py)
-        # the fsdp schedule's host costs (programs/fsdp_costs.py, backends/calibration_fsdp.py)
+        # the fsdp schedule's host costs (programs/fsdp_costs.py, backends/calibration/fsdp.py)
         **({"pass_flops_per_s": passes} if (passes := pass_rate(m, jitter)) else {}),
         **({"memory_bandwidth_GBps": m.copy_Bps / GB} if m.copy_Bps else {}),
         **({"dtensor_param_step_us": m.dtensor_param_step_s / US} if m.dtensor_param_step_s is not None else {}),
@@ -269,7 +269,7 @@ def profile_text(device: dict, fabric: dict, m: Measurement, errors: list[dict])
     if m.roofline:
         docs.append(roofline_doc(device, m.roofline))
         lines.append(f"# roofline ({device['name']}-roofline, sim/roofline.py): rates measured on rank 0 after the "
-                     "sweep at the workload's shapes (backends/device_rates.py)")
+                     "sweep at the workload's shapes (backends/calibration/device_rates.py)")
     body = yaml.safe_dump_all(docs, sort_keys=False, explicit_start=False)
     return "\n".join(lines) + "\n" + body
 

@@ -1,6 +1,6 @@
 """The measurement record: what one calibration run measured, as one typed value.
 
-``backends/calibration.py`` (rank 0, after gathering every rank's numbers) builds it; the
+``backends/calibration/measure.py`` (rank 0, after gathering every rank's numbers) builds it; the
 CLI (:mod:`oresearcher.calibrate`) adds what it knows of the program (its averaging
 period, the roofline rates); the fabric fit (:mod:`.fabric_fit`), the jitter statistics
 (:mod:`.jitter`) and the profile documents (:mod:`.profiles`) read it. Units are in the
@@ -36,7 +36,7 @@ class Measurement:
     op_flops: list = field(default_factory=list)  # FLOPs of each Compute op of one step
     compute_ops_per_step: float = 0.0
     sync_period: int = 1  # steps between the program's averagings (jitter persistence)
-    roofline: Optional[dict] = None  # measured roofline rates (backends/device_rates.py), or None
+    roofline: Optional[dict] = None  # measured roofline rates (backends/calibration/device_rates.py), or None
     inrun_factor: float = 1.0  # in-run collectives / the idle sweep's fit (1: not applied)
     pass_step_s_per_rank: list = field(default_factory=list)  # seconds of the FLOP-declaring ops per step
     pass_ops_per_step: float = 0.0  # how many of the Compute ops declare FLOPs
@@ -49,7 +49,7 @@ class Measurement:
     gather_param_s: Optional[float] = None  # FSDP2's bookkeeping per parameter per all-gather (fsdp)
     reduce_param_s: Optional[float] = None  # the same per reduce-scatter (fsdp)
     unit_step_s: Optional[float] = None  # FSDP2's hooks per unit per step (fsdp)
-    # the fsdp program's own step, timed by pieces (backends/calibration_fsdp_inrun.py): lists
+    # the fsdp program's own step, timed by pieces (backends/calibration/fsdp_inrun.py): lists
     # over ranks of seconds per step (passes_s, copies_s, optimizer_s, comm_s), and
     # "schedule": what the schedule charges per step at the microbenchmarks' constants
     fsdp_step: Optional[dict] = None

@@ -71,7 +71,7 @@ class LearnerBase:
     params: Sequence = ()  # the trainable parameters
     batches = None  # the data stream
     device = None  # where its tensors live (None: wherever the caller's are)
-    sharded = False  # FSDP2: save_sharded/load_sharded checkpoints through DCP (oresearcher.backends.fsdp)
+    sharded = False  # FSDP2: save_sharded/load_sharded checkpoints through DCP (oresearcher.backends.fsdp.learner)
     restorable = False  # state_dict/load_state_dict hold its whole training state
     cooperative_result = None  # set by the cooperative program at its end (the fused run's agents)
     distill_result = None  # set by the distillation phase (the student and its metrics)

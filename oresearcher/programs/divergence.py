@@ -17,7 +17,7 @@ on ``training.on_divergence``:
   The cooperative program keeps its own isolation (it shares zeros until the fusion
   round, fusion gives it weight 0 and hands it the healthy agents' parameters).
   ``fsdp`` (real runs): FSDP2 reduce-scatters inside backward, so the check sits in the
-  reduce-scatter itself (:mod:`oresearcher.backends.fsdp_guard`): a rank's non-finite
+  reduce-scatter itself (:mod:`oresearcher.backends.fsdp.guard`): a rank's non-finite
   gradients are zeroed before they leave it. Once reduced, one rank's share of a
   sharded gradient cannot be taken out again, so under ``skip`` the step's optimizer
   step is skipped on every rank (parameters and optimizer state stay the last good

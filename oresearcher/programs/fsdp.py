@@ -40,7 +40,7 @@ Payload dtypes follow the mixed-precision policy: all-gathers in the compute dty
 
 Design note: **the real backend delegates to torch's FSDP inside a higher-level op.** On
 torch.distributed (``ctx.mode == "real"``) the learner's module is sharded by
-``fully_shard`` (:mod:`oresearcher.backends.fsdp`) and one ``Compute`` runs forward and
+``fully_shard`` (:mod:`oresearcher.backends.fsdp.learner`) and one ``Compute`` runs forward and
 backward: FSDP2's hooks issue the all-gathers and reduce-scatters themselves, on their
 own streams, which is what makes the run torch's FSDP and not a re-implementation. The
 per-block ops below are the cost model of that Compute, kept beside it in this module,
@@ -89,7 +89,7 @@ def fsdp(ctx, learner):
 def _delegated(ctx, learner):
     """One rank of a real run: FSDP2's hooks communicate inside ``forward_backward``."""
     if not learner.sharded:  # a plain replica would train alone, silently
-        raise UserError("strategy fsdp runs a fully_shard learner (oresearcher.backends.fsdp.make_learner); "
+        raise UserError("strategy fsdp runs a fully_shard learner (oresearcher.backends.fsdp.learner.make_learner); "
                          f"got {type(learner).__name__}")
     flops = learner.fwd_flops + learner.bwd_flops
     fusion = FusionRound.build(ctx)

@@ -11,7 +11,7 @@ through memory around its collectives, and steps DTensor shards in the optimizer
   unsharded parameters: ``2 N p`` bytes;
 - reduce-scatter copy-in (``chunk_cat``): the unsharded gradients (dtype p) are copied into
   the flat reduce-scatter input (reduce dtype r): ``N (p + r)`` bytes;
-- the project's divergence guard (``backends/fsdp_guard.py``) reads that flat input twice
+- the project's divergence guard (``backends/fsdp/guard.py``) reads that flat input twice
   (amax, amin) and rewrites it (``masked_fill_``) before it leaves the rank: ``4 N r``;
 - the reduced shard is cast to fp32 when r is not fp32 (``N/S x (r + 4)``) and added into
   the rank's sharded gradient (the learner keeps its gradients between steps,
@@ -31,7 +31,7 @@ shards, resizing and viewing storages, wrapping gradients as DTensors): host tim
 parameter per all-gather and per reduce-scatter (``DeviceProfile.fsdp_gather_param_us``,
 ``fsdp_reduce_param_us``, measured by ``oresearcher.calibrate`` with FSDP2's own functions
 on a model of the scenario's parameter counts and one element per rank,
-``backends/calibration_fsdp_hooks.py``), and its hooks (each unit's pre/post forward and
+``backends/calibration/fsdp_hooks.py``), and its hooks (each unit's pre/post forward and
 backward, the reshards) per unit per step (``fsdp_unit_step_us``, the same
 microbenchmark's step beyond the unsharded model's and beyond those functions). Charged on
 devices without streams; a GPU's host runs ahead of its kernels.

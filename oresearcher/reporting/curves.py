@@ -35,7 +35,7 @@ class SITime(EngFormatter):
     def __call__(self, x, pos=None):
         return "0" if x == 0 else super().__call__(x, pos)
 
-ROLE_NAMES = ("explorer", "optimizer", "validator")  # the ids backends/telemetry.py logs
+ROLE_NAMES = ("explorer", "optimizer", "validator")  # the ids backends/run/telemetry.py logs
 
 # (panel title, candidate keys, first present wins; markers: sparse evaluation points)
 STEP_PANELS = (

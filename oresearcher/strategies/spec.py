@@ -45,7 +45,7 @@ def no_reason(scenario) -> Optional[str]:
 class FlagUse:
     """A run flag the program reads only in some configurations of the scenario."""
 
-    flag: str  # the flag's name without dashes (oresearcher.backends.run_flags.FLAG_FIELDS)
+    flag: str  # the flag's name without dashes (oresearcher.backends.run.flags.FLAG_FIELDS)
     when: str  # the configuration, as a refusal names it ("fsdp.replicas=fusion")
     holds: Callable  # (scenario) -> bool: the scenario is in that configuration
 

@@ -11,10 +11,10 @@ import sys
 
 import torch.distributed as dist
 
-from oresearcher.backends.fsdp import make_learner
-from oresearcher.backends.launcher import from_environ
-from oresearcher.backends.memory_probe import PeakMemory
-from oresearcher.backends.worker import finish_rank, init_process_group
+from oresearcher.backends.fsdp.learner import make_learner
+from oresearcher.backends.run.launcher import from_environ
+from oresearcher.backends.calibration.memory_probe import PeakMemory
+from oresearcher.backends.run.worker import finish_rank, init_process_group
 from oresearcher.scenario import load_scenario
 
 STEPS = 3
@@ -53,4 +53,4 @@ def write_gathered(mine, out, denv) -> None:
 
 if __name__ == "__main__":
     main(*sys.argv[1:])
-    finish_rank(0)  # skips gloo's static destructors (see backends.worker.finish_rank)
+    finish_rank(0)  # skips gloo's static destructors (see backends.run.worker.finish_rank)

@@ -19,9 +19,9 @@ import torch.distributed as dist
 from torch.distributed.fsdp._fully_shard import _fsdp_param_group
 
 from bk_fsdp_memory import write_gathered
-from oresearcher.backends.fsdp import make_learner
-from oresearcher.backends.launcher import from_environ
-from oresearcher.backends.worker import finish_rank, init_process_group
+from oresearcher.backends.fsdp.learner import make_learner
+from oresearcher.backends.run.launcher import from_environ
+from oresearcher.backends.run.worker import finish_rank, init_process_group
 from oresearcher.scenario import load_scenario
 
 WARMUP, STEPS = 2, 10
@@ -79,4 +79,4 @@ def main(scenario_path: str, out: str, *overrides: str) -> None:
 
 if __name__ == "__main__":
     main(*sys.argv[1:])
-    finish_rank(0)  # skips gloo's static destructors (see backends.worker.finish_rank)
+    finish_rank(0)  # skips gloo's static destructors (see backends.run.worker.finish_rank)

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import sys
 
-from oresearcher.backends.fsdp import make_learner
-from oresearcher.backends.launcher import from_environ
-from oresearcher.backends.worker import finish_rank, init_process_group
+from oresearcher.backends.fsdp.learner import make_learner
+from oresearcher.backends.run.launcher import from_environ
+from oresearcher.backends.run.worker import finish_rank, init_process_group
 from oresearcher.scenario import load_scenario
 
 import torch.distributed as dist
@@ -28,4 +28,4 @@ def main(scenario_path: str, src: str, dst: str) -> None:
 
 if __name__ == "__main__":
     main(*sys.argv[1:4])
-    finish_rank(0)  # skips gloo's static destructors (see backends.worker.finish_rank)
+    finish_rank(0)  # skips gloo's static destructors (see backends.run.worker.finish_rank)

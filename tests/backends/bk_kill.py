@@ -29,7 +29,8 @@ def make_learner(scenario, rank, *, mode="real", device="cpu"):
     if rank != int(os.environ.get("KILL_RANK", "0")) or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
         return learner
     where, _, arg = os.environ.get("KILL_AT", "").partition(":")
-    from oresearcher.backends import checkpoint, worker
+    from oresearcher.backends.checkpoint import per_rank as checkpoint
+    from oresearcher.backends.run import worker
 
     if where == "report":
         worker._write_report = lambda *a, **k: _die()

@@ -11,9 +11,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from oresearcher.backends.interpreter import Interpreter, make_clock
-from oresearcher.backends.launcher import from_environ
-from oresearcher.backends.worker import finish_rank, gather_timeline, init_process_group
+from oresearcher.backends.run.interpreter import Interpreter, make_clock
+from oresearcher.backends.run.launcher import from_environ
+from oresearcher.backends.run.worker import finish_rank, gather_timeline, init_process_group
 from oresearcher.reporting.report import Timeline, summarize
 
 import bk_programs
@@ -38,4 +38,4 @@ def main(out: Path) -> None:
 
 if __name__ == "__main__":
     main(Path(sys.argv[1]))
-    finish_rank(0)  # skips gloo's static destructors (see backends.worker.finish_rank)
+    finish_rank(0)  # skips gloo's static destructors (see backends.run.worker.finish_rank)

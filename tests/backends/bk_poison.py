@@ -70,7 +70,7 @@ def make_nan_fsdp_learner(scenario, rank, *, mode="real", device="cpu"):
     NaN gradients, before FSDP reduce-scatters them, at forward/backward call POISON_STEP."""
     import torch.distributed as dist
 
-    from oresearcher.backends.fsdp import make_learner as fsdp_learner
+    from oresearcher.backends.fsdp.learner import make_learner as fsdp_learner
     from oresearcher.models import lm_loss
 
     learner = fsdp_learner(scenario, rank, dist.get_world_size(), device)

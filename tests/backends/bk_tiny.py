@@ -53,7 +53,7 @@ def make_slow_learner(scenario, rank, *, mode="real", device="cpu"):
 def make_slow_report_learner(scenario, rank, *, mode="real", device="cpu"):
     """As make_learner; rank 0 takes REPORT_SLEEP_S longer to write its report (longer
     than the run's --timeout: a long run's report and figures)."""
-    from oresearcher.backends import worker
+    from oresearcher.backends.run import worker
 
     if rank == 0:
         write, delay = worker._write_report, float(os.environ.get("REPORT_SLEEP_S", "5"))

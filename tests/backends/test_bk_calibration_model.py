@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from oresearcher import ops as O
-from oresearcher.backends.calibration import _OpLog, merge_inrun, merge_waits
+from oresearcher.backends.calibration.measure import _OpLog, merge_inrun, merge_waits
 from oresearcher.calibrate import (FabricFit, compute_rate, device_doc, inrun_factor, jitter_fit, op_jitter_cv,
                                    own_slowness, pooled_cv, scaled)
 from oresearcher.hardware import DeviceProfile

@@ -16,7 +16,7 @@ import torch
 
 from bk_helpers import REPO, write_scenario
 from bk_helpers import child_with_rank as _child_with_rank
-from oresearcher.backends import checkpoint as ckpt
+from oresearcher.backends.checkpoint import per_rank as ckpt
 from oresearcher.reporting.report import REPORT_KEYS
 
 RUN = [sys.executable, "-m", "oresearcher.run"]
@@ -139,7 +139,7 @@ def test_calibrate_exit_code_follows_the_ranks(codes, rc, printed, monkeypatch, 
     from argparse import Namespace
 
     from oresearcher import calibrate
-    from oresearcher.backends import launcher
+    from oresearcher.backends.run import launcher
 
     monkeypatch.setattr(launcher, "launch_local",
                         lambda cmd, world, **kw: launcher.LaunchResult(codes, "rank 0 lost (exit code 2)"))

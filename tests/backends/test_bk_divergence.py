@@ -15,7 +15,7 @@ import sys
 import torch
 
 from bk_helpers import REPO, write_scenario
-from oresearcher.backends import checkpoint as ckpt
+from oresearcher.backends.checkpoint import per_rank as ckpt
 
 RUN = [sys.executable, "-m", "oresearcher.run", "--no-tensorboard", "--no-progress", "--timeout", "30",
        "--log-level", "WARNING", "--learner", "bk_poison:make_nan_learner"]

@@ -21,8 +21,8 @@ import yaml
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from bk_helpers import HERE, REPO
-from oresearcher.backends import checkpoint as ckpt
-from oresearcher.backends.launcher import launch_local
+from oresearcher.backends.checkpoint import per_rank as ckpt
+from oresearcher.backends.run.launcher import launch_local
 from oresearcher.models import PRESETS, build_model, lm_loss
 from oresearcher.tasks.synthetic_lm import TokenStream
 
@@ -98,7 +98,7 @@ def _assert_losses_match(out, world):
 
 
 def _assert_fsdp_collectives_reported(out, scenario_path):
-    """FSDP2's own collectives are in the report (backends/fsdp_comm.py): per step and rank
+    """FSDP2's own collectives are in the report (backends/fsdp/comm.py): per step and rank
     gpt-tiny's 4 blocks and root are gathered for forward and blocks 0-2 again for backward
     (ZeRO-3; the last block keeps its parameters), and each of the 5 units reduce-scatters
     once; the all-gathers' wire bytes are the simulator's, by the one formula."""

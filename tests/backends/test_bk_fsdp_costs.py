@@ -1,5 +1,5 @@
 """gloo, 2 ranks: `oresearcher.calibrate` on the cpu-fsdp model measures what the fsdp
-schedule's host costs need (backends/calibration_fsdp.py) and the simulator loads them.
+schedule's host costs need (backends/calibration/fsdp.py) and the simulator loads them.
 The sweeps reach 1 MiB: up to a few KiB alone, a loaded host's milliseconds can put the
 fitted bandwidth below what a profile may hold."""
 from __future__ import annotations
@@ -44,7 +44,7 @@ def test_calibrate_measures_the_fsdp_host_costs(tmp_path, child_env):
 def test_calibrate_on_the_fsdp_program_times_its_own_step(tmp_path, child_env):
     """Calibrating the fsdp scenario itself: FSDP2's collectives, timed inside the step,
     are the in-run rows the fabric is scaled to, and the constants are scaled to the
-    step's own pieces (backends/calibration_fsdp_inrun.py)."""
+    step's own pieces (backends/calibration/fsdp_inrun.py)."""
     from oresearcher.hardware import load_profile_file
 
     prof = tmp_path / "p.yaml"

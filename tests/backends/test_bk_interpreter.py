@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from oresearcher import ops as O
-from oresearcher.backends.interpreter import Interpreter, make_clock
+from oresearcher.backends.run.interpreter import Interpreter, make_clock
 from oresearcher.reporting.report import Timeline, summarize
 
 

@@ -16,10 +16,10 @@ import pytest
 import torch
 
 from bk_helpers import write_scenario
-from oresearcher.backends import checkpoint as ckpt
-from oresearcher.backends import launcher, rundir
+from oresearcher.backends.checkpoint import per_rank as ckpt
+from oresearcher.backends.run import launcher, rundir
 from oresearcher.errors import UserError, cli_main
-from oresearcher.backends.run_flags import save_scenario
+from oresearcher.backends.run.flags import save_scenario
 from oresearcher.run import main
 from oresearcher.scenario import load_scenario
 

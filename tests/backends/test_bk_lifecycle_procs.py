@@ -13,8 +13,8 @@ import time
 import pytest
 
 from bk_helpers import REPO, write_scenario
-from oresearcher.backends import checkpoint as ckpt
-from oresearcher.backends import rundir
+from oresearcher.backends.checkpoint import per_rank as ckpt
+from oresearcher.backends.run import rundir
 
 RUN = [sys.executable, "-m", "oresearcher.run", "--no-tensorboard", "--no-progress", "--timeout", "30"]
 TINY, SLOW = "bk_tiny:make_learner", "bk_tiny:make_slow_learner"

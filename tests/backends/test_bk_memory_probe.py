@@ -1,7 +1,7 @@
-"""backends.memory_probe: peak live bytes from the profiler's allocation events."""
+"""backends.calibration.memory_probe: peak live bytes from the profiler's allocation events."""
 import torch
 
-from oresearcher.backends.memory_probe import PeakMemory, peak_live_bytes
+from oresearcher.backends.calibration.memory_probe import PeakMemory, peak_live_bytes
 
 
 def _ev(ts, addr, nbytes, device=0):

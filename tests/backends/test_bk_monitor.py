@@ -9,8 +9,8 @@ from datetime import timedelta
 import pytest
 import torch.distributed as dist
 
-from oresearcher.backends.launcher import DistEnv, connect_store
-from oresearcher.backends.monitor import Monitor, post_failure, post_user_error, read_failure, user_error
+from oresearcher.backends.run.launcher import DistEnv, connect_store
+from oresearcher.backends.run.monitor import Monitor, post_failure, post_user_error, read_failure, user_error
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from bk_helpers import HERE, child_environment, write_scenario
-from oresearcher.backends.launcher import launch_local
+from oresearcher.backends.run.launcher import launch_local
 from oresearcher.scenario import load_scenario
 from oresearcher.testing import run_programs
 

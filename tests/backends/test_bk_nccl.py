@@ -31,7 +31,7 @@ def test_nccl_run_on_one_gpu(tmp_path, child_env):
 
 def test_nccl_interpreter_results_on_the_gpu():
     from oresearcher import ops as O
-    from oresearcher.backends.interpreter import Interpreter, make_clock
+    from oresearcher.backends.run.interpreter import Interpreter, make_clock
     from oresearcher.reporting.report import Timeline
 
     store = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, wait_for_workers=False)

@@ -13,8 +13,8 @@ import sys
 import pytest
 
 from bk_helpers import REPO, write_scenario
-from oresearcher.backends import checkpoint as ckpt
-from oresearcher.backends import rundir
+from oresearcher.backends.checkpoint import per_rank as ckpt
+from oresearcher.backends.run import rundir
 
 RUN = ["-m", "oresearcher.run", "--no-tensorboard", "--no-progress", "--timeout", "30", "--log-level", "WARNING",
        "--learner", "bk_kill:make_learner"]

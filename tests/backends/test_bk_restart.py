@@ -12,7 +12,7 @@ import torch
 import yaml
 
 from bk_helpers import REPO
-from oresearcher.backends import checkpoint as ckpt
+from oresearcher.backends.checkpoint import per_rank as ckpt
 
 ARGS = ["-m", "oresearcher.run", "--no-tensorboard", "--no-progress", "--timeout", "30", "--log-level", "WARNING"]
 

@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 
-from oresearcher.backends import checkpoint as ckpt
+from oresearcher.backends.checkpoint import per_rank as ckpt
 from test_bk_resume_exact import SLOW, _equal, _run, _scenario
 
 

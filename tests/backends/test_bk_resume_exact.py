@@ -19,7 +19,7 @@ import torch
 import yaml
 
 from bk_helpers import REPO
-from oresearcher.backends import checkpoint as ckpt
+from oresearcher.backends.checkpoint import per_rank as ckpt
 
 DIGITS = REPO / "scenarios" / "digits-4.yaml"
 RUN = [sys.executable, "-m", "oresearcher.run", "--backend=gloo", "--no-tensorboard", "--no-progress",

@@ -23,8 +23,8 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings, strategies as st
 
 from bk_helpers import REPO, write_scenario
-from oresearcher.backends import checkpoint as ckpt
-from oresearcher.backends import launcher, rundir
+from oresearcher.backends.checkpoint import per_rank as ckpt
+from oresearcher.backends.run import launcher, rundir
 from oresearcher.errors import cli_main
 from oresearcher.run import main
 
@@ -130,7 +130,7 @@ def test_a_resume_continues_the_uninterrupted_run_or_refuses_in_one_line(
         return launcher.LaunchResult([0] * world)
 
     monkeypatch.setattr(launcher, "launch_local", fake_launch)
-    monkeypatch.setattr("oresearcher.backends.run_command._outcome", lambda result, out, world: 0)
+    monkeypatch.setattr("oresearcher.backends.run.command._outcome", lambda result, out, world: 0)
     for k in ("RANK", "WORLD_SIZE"):
         monkeypatch.delenv(k, raising=False)
     code = cli_main(main, ["--log-level", "ERROR", "--resume", str(out), "--learner", "bk_tiny:make_learner"])

@@ -9,10 +9,10 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from oresearcher.backends import checkpoint as ckpt
+from oresearcher.backends.checkpoint import per_rank as ckpt
 from oresearcher.comm.wire import wire_bytes
-from oresearcher.backends.launcher import describe_exit, from_environ, rank_env
-from oresearcher.backends.telemetry import step_scalars
+from oresearcher.backends.run.launcher import describe_exit, from_environ, rank_env
+from oresearcher.backends.run.telemetry import step_scalars
 from oresearcher.calibrate import FabricFit, device_doc, fabric_doc, fit_fabric, fit_errors, profile_text
 from oresearcher.comm.schedules import ring_terms
 from oresearcher.reporting.compare import compare, relative_error, worst_headline
@@ -265,7 +265,7 @@ def test_a_full_disk_while_writing_the_report_is_one_line_that_says_how_to_get_i
     import os
     from types import SimpleNamespace
 
-    from oresearcher.backends import rank_report
+    from oresearcher.backends.run import rank_report
     from oresearcher.errors import UserError
 
     def full(*a, **k):

@@ -1,10 +1,10 @@
-"""One-device calibration (backends/calibration_device.py): the measurements that
+"""One-device calibration (backends/calibration/device.py): the measurements that
 ``calibrate --backend=nccl`` takes on a GPU, run on the CPU, through the CLI, into a
 profile file the simulator loads and prices a step with."""
 import pytest
 import torch
 
-from oresearcher.backends import calibration_device as cal
+from oresearcher.backends.calibration import device as cal
 from oresearcher.errors import cli_main
 
 ONE = ["agents.count=1", "cluster.gpus_per_node=1", "training.strategy=single", "training.steps=2"]
@@ -15,7 +15,7 @@ def test_nccl_cli_on_one_rank_writes_profiles_the_simulator_prices_with(tmp_path
     functions measure, the file holds a flat and a roofline profile, and the simulator
     charges a step from them."""
     from oresearcher import calibrate
-    from oresearcher.backends import worker
+    from oresearcher.backends.run import worker
     from oresearcher.scenario import load_scenario
     from oresearcher.hardware import load_profile_file
     from oresearcher.sim.simulate import simulate

@@ -100,7 +100,7 @@ def test_ranks_with_different_work_give_each_rank_its_own_rate():
 
 
 def test_a_hosted_program_is_timed_in_rounds():
-    from oresearcher.backends.calibration import steps_per_report
+    from oresearcher.backends.calibration.measure import steps_per_report
     from oresearcher.scenario import load_scenario
 
     scenarios = Path(__file__).resolve().parents[2] / "scenarios"
@@ -170,7 +170,7 @@ def test_fsdp_profile_header_says_what_was_scaled(tmp_path):
 def test_schedule_groups_by_hand():
     """What the CPU schedule charges per step, by group, from the constants: llama-tiny's
     plan (a root unit and 4 blocks), ZeRO-3 (blocks 1-3 gathered again for backward)."""
-    from oresearcher.backends.calibration_fsdp_inrun import schedule_groups
+    from oresearcher.backends.calibration.fsdp_inrun import schedule_groups
     from oresearcher.scenario import load_scenario
     from oresearcher.models.sharding import scenario_plan
 

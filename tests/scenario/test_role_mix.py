@@ -11,7 +11,7 @@ from pathlib import Path
 from hypothesis import given, strategies as st
 
 from oresearcher.scenario import role_mix
-from oresearcher.backends.run_flags import build_parser, load
+from oresearcher.backends.run.flags import build_parser, load
 
 REPO = Path(__file__).resolve().parents[2]
 counts = st.integers(0, 50)

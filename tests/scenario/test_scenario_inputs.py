@@ -115,7 +115,7 @@ MALFORMED = {
 @pytest.fixture
 def cli(tmp_path, monkeypatch):
     """Run a CLI main() in an empty working directory; returns (code, stderr lines, seconds)."""
-    from oresearcher.backends import launcher
+    from oresearcher.backends.run import launcher
 
     for k in ("RANK", "WORLD_SIZE"):
         monkeypatch.delenv(k, raising=False)

@@ -108,14 +108,14 @@ def test_simulated_single_step_is_the_roofline_price():
 def test_cpu_roofline_predicts_a_measured_step():
     """The CPU check end to end: rates measured as calibrate does, then real steps, medians
     of 5 rounds. How close the prediction comes is a timing figure of the host, printed by
-    ``python -m oresearcher.backends.roofline_check`` (docs/simulator.md: within 15% on a
+    ``python -m oresearcher.backends.calibration.roofline_check`` (docs/simulator.md: within 15% on a
     quiet host; single rounds on a loaded 2-core host from -33% to +105%). The test holds
     what no load explains: the prediction within a factor of 3 of the measured step (a
     unit, a FLOP count or a rate off by 10x fails), and the reported error is the median
     of the rounds' errors."""
     import statistics
 
-    from oresearcher.backends.roofline_check import CASES, check
+    from oresearcher.backends.calibration.roofline_check import CASES, check
 
     torch.set_num_threads(1)
     for model, mb, t in CASES:

@@ -5,7 +5,7 @@
                            trained, and the names it writes (written before anything else)
     <out>/scenario.yaml    the scenario it trains (the truth a resume is checked against)
     <out>/report.json      written last, by rank 0: its presence means the run finished
-    <out>/checkpoints/     per-rank checkpoints (oresearcher.backends.checkpoint)
+    <out>/checkpoints/     per-rank checkpoints (oresearcher.backends.checkpoint.per_rank)
     <out>/tensorboard/     TensorBoard events
 
 One run at a time: :func:`acquire` creates the lock file with O_EXCL, so of two runs
@@ -18,7 +18,7 @@ a non-empty directory with no manifest holds no run of ours and is refused even 
 ``--overwrite``: its files were never ours to delete.
 
 Every checkpoint's manifest carries the run id and the scenario hash
-(:mod:`oresearcher.backends.checkpoint`), so a rank file copied in from another run is
+(:mod:`oresearcher.backends.checkpoint.per_rank`), so a rank file copied in from another run is
 told apart from the run's own and never loaded.
 """
 from __future__ import annotations

@@ -21,7 +21,7 @@
   with the other ranks' compute); the calibration scales the sweep's fit to them.
 - The workload's own collective sizes (its buckets, its flat parameters) are timed too.
 - Host overhead: the interpreter's fixed cost of a Compute op with nothing to run.
-- For language models on CPU, the fsdp schedule's host costs (:mod:`.calibration_fsdp`):
+- For language models on CPU, the fsdp schedule's host costs (:mod:`.fsdp`):
   the copy bandwidth at a block's size and the DTensor dispatch of a sharded optimizer step.
 
 The fit turning these into a hardware profile is pure math in
@@ -40,9 +40,9 @@ from oresearcher import ops as O
 from oresearcher.calibration.record import Measurement
 from oresearcher.reporting.report import Timeline
 
-from .calibration_fsdp import measure_fsdp_costs
-from .calibration_fsdp_inrun import measure_fsdp_step, merge_steps, schedule_groups
-from .interpreter import Interpreter
+from .fsdp import measure_fsdp_costs
+from .fsdp_inrun import measure_fsdp_step, merge_steps, schedule_groups
+from oresearcher.backends.run.interpreter import Interpreter
 
 log = logging.getLogger(__name__)
 
@@ -301,7 +301,7 @@ def measure_host_overhead(rank: int, world: int, device, ops: int = 2000) -> flo
 def calibrate_rank(scenario, denv, *, backend: str, timeout_s: float, sizes, repeats: int,
                    compute_steps: int, learner_spec=None, threads: int = 1) -> Measurement | None:
     """Take every measurement on this rank; rank 0 returns the merged record, others None."""
-    from .worker import build_learner, init_process_group
+    from oresearcher.backends.run.worker import build_learner, init_process_group
 
     torch.set_num_threads(max(1, threads))
     device, _store = init_process_group(denv, backend, timeout_s)

@@ -18,14 +18,15 @@ from oresearcher.reporting.console import print_report, run_title
 from oresearcher.scenario import resume
 from oresearcher.tasks import batch_note
 
-from .run_flags import RESHARDABLE, SAVED_SCENARIO, build_parser, load, save_scenario, setup_logging
+from .flags import RESHARDABLE, SAVED_SCENARIO, build_parser, hand_down, handed_down, load, run_dir, save_scenario
+from .flags import setup_logging
 
 log = logging.getLogger("oresearcher.run")
 
 
 def main(argv=None) -> int:
-    from oresearcher.backends import launcher, rundir
-    from oresearcher.backends.worker import RunOptions, backend_unavailable
+    from oresearcher.backends.run import launcher, rundir
+    from oresearcher.backends.run.worker import RunOptions, backend_unavailable
 
     args = build_parser().parse_args(argv)
     try:
@@ -35,7 +36,7 @@ def main(argv=None) -> int:
     setup_logging(args.log_level, denv.rank if denv else None)
     if denv is not None and denv.restart and not args.resume:
         _restarted(args)
-    scenario, out, diffs = load(args)
+    scenario, out, diffs = _scenario(args, denv)
     if (denv is None or denv.rank == 0) and (note := batch_note(scenario)):
         log.warning("%s", note)
     reason = backend_unavailable(args.backend)
@@ -62,12 +63,22 @@ def main(argv=None) -> int:
     return _launch(scenario, opts, args, diffs, argv)
 
 
+def _scenario(args, denv):
+    """(scenario, run directory, changes a resume makes on purpose): parsed from the flags,
+    or, in a rank our launcher started, the scenario the command parsed and handed down
+    (the command checked the flags, the resume and its changes already)."""
+    scenario = handed_down(denv)
+    if scenario is None:
+        return load(args)
+    return scenario, run_dir(args, scenario), []
+
+
 def _restarted(args) -> None:
     """A torchrun restart (``--max-restarts``; TORCHELASTIC_RESTART_COUNT > 0) runs the
     same command again: it continues the run from its newest checkpoint every rank holds,
     as ``--resume`` would; with none, it starts the run again over the failed attempt's
     directory (it is this run's own)."""
-    from oresearcher.backends import checkpoint
+    from oresearcher.backends.checkpoint import per_rank as checkpoint
 
     scenario, out, _ = load(args)
     if (out / SAVED_SCENARIO).is_file() and checkpoint.newest_complete(out, scenario.world_size) is not None:
@@ -89,7 +100,7 @@ def _note_overrides(diffs) -> None:
 def _prepare(scenario, out: Path, args, diffs) -> None:
     """Before any rank trains (the caller holds the run lock): a fresh directory, or a
     checked resume; the saved scenario is written, or rewritten by --override."""
-    from oresearcher.backends import rundir
+    from oresearcher.backends.run import rundir
 
     rundir.remove_temp_files(out)
     digest = rundir.scenario_hash(scenario.resolved())
@@ -106,8 +117,8 @@ def _prepare(scenario, out: Path, args, diffs) -> None:
 
 def _join(scenario, opts, denv, args, diffs) -> int:
     """This process is one rank of a torchrun (or our launcher's) world."""
-    from oresearcher.backends import rundir
-    from oresearcher.backends.worker import run_rank
+    from oresearcher.backends.run import rundir
+    from oresearcher.backends.run.worker import run_rank
 
     world = scenario.world_size
     if denv.world_size != world:
@@ -125,9 +136,9 @@ def _join(scenario, opts, denv, args, diffs) -> int:
 
 def _launch(scenario, opts, args, diffs, argv) -> int:
     """Start one local rank per agent and watch them (we play torchrun's part)."""
-    from oresearcher.backends import launcher, rundir
+    from oresearcher.backends.run import launcher, rundir
 
-    from oresearcher.backends.worker import load_factory
+    from oresearcher.backends.run.worker import load_factory
 
     out, world = opts.out_dir, scenario.world_size
     check_local_world(world, args.backend)
@@ -142,7 +153,8 @@ def _launch(scenario, opts, args, diffs, argv) -> int:
         log.info("starting %d local %s ranks; run directory %s", world, args.backend, out)
         with launcher.signals_raise() as caught:
             try:
-                result = launcher.launch_local(cmd, world, timeout_s=opts.timeout_s, threads=opts.threads)
+                result = launcher.launch_local(cmd, world, timeout_s=opts.timeout_s, threads=opts.threads,
+                                               env=hand_down(scenario))
             except launcher.Signalled:
                 rundir.remove_temp_files(out)
                 print(f"error: stopped by {caught.name}; the ranks were stopped and temporary files removed "
@@ -168,8 +180,9 @@ def check_local_world(world: int, backend: str) -> None:
 
 def resume_step(out: Path, world: int, wanted, steps: int) -> int:
     """The checkpoint step a resume starts from, checked before any rank starts (one at
-    training.steps' last step: the ranks write the report from it, backends/worker.py)."""
-    from oresearcher.backends import checkpoint, rundir
+    training.steps' last step: the ranks write the report from it, backends/run/worker.py)."""
+    from oresearcher.backends.checkpoint import per_rank as checkpoint
+    from oresearcher.backends.run import rundir
 
     step = checkpoint.resume_step(out, world, wanted, checkpoint.run_identity(rundir.read_manifest(out)))
     if step + 1 > steps:
@@ -179,7 +192,7 @@ def resume_step(out: Path, world: int, wanted, steps: int) -> int:
 
 
 def _where(out: Path, world: int) -> str:
-    from oresearcher.backends import checkpoint
+    from oresearcher.backends.checkpoint import per_rank as checkpoint
 
     step = checkpoint.newest_complete(out, world)
     return (f"last complete checkpoint: step {step}; resume with --resume {out}" if step is not None
@@ -229,6 +242,6 @@ def report_lines(report: dict) -> list[str]:
 
 
 if __name__ == "__main__":
-    from oresearcher.backends.worker import entry_point
+    from oresearcher.backends.run.worker import entry_point
 
     entry_point(main)

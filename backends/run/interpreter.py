@@ -9,7 +9,7 @@ Timing (what the report's figures are made of, see :mod:`oresearcher.reporting.r
 
 - Compute: a "compute" span around ``fn``; on CUDA the compute stream is synchronised
   before the span closes so the span holds the kernels, not just their launch. The
-  blocking collectives ``fn`` issued itself (FSDP2's, :mod:`oresearcher.backends.fsdp_comm`)
+  blocking collectives ``fn`` issued itself (FSDP2's, :mod:`oresearcher.backends.fsdp.comm`)
   are cut out of it as "comm" and "blocked" spans when ``inner_collectives`` is on.
 - Collective: a "comm" span from issue to completion, carrying the wire bytes the
   algorithm moves. Completion is read from ``is_completed()`` at every op boundary and
@@ -96,7 +96,7 @@ class Interpreter:
     step_offset: added to StepDone steps (a resumed run continues the numbering).
     autocast: a context-manager factory wrapped around Compute (mixed precision), or None.
     inner_collectives: split the collectives a Compute issued itself (FSDP2's, recorded by
-    :mod:`oresearcher.backends.fsdp_comm`) out of its compute span as communication; off,
+    :mod:`oresearcher.backends.fsdp.comm`) out of its compute span as communication; off,
     a Compute is timed whole (calibration measures whole ops).
     """
 
@@ -193,9 +193,9 @@ class Interpreter:
 
     def _compute_spans(self, name: str, t0: float, t1: float) -> float:
         """The Compute's spans: compute, except where a collective issued from inside it
-        (FSDP2's own, :mod:`oresearcher.backends.fsdp_comm`) held the rank, which is
+        (FSDP2's own, :mod:`oresearcher.backends.fsdp.comm`) held the rank, which is
         communication in flight and blocked. Returns the blocked seconds."""
-        from . import fsdp_comm
+        from oresearcher.backends.fsdp import comm as fsdp_comm
 
         inner = fsdp_comm.drain()  # drained either way: the log never outlives the op
         if not inner or not self.inner_collectives:  # calibration times whole Compute ops

@@ -1,7 +1,7 @@
 """The fsdp program's own step, timed piece by piece with every rank busy, for
 ``oresearcher.calibrate`` on a scenario with ``training.strategy: fsdp`` (CPU ranks).
 
-calibrate's microbenchmarks (:mod:`.calibration_fsdp`, :mod:`.calibration_fsdp_hooks`) give
+calibrate's microbenchmarks (:mod:`.fsdp`, :mod:`.fsdp_hooks`) give
 each of the fsdp schedule's host costs its form: bytes over a copy bandwidth, dispatch per
 parameter, bookkeeping per parameter per collective, hooks per unit
 (``oresearcher/programs/fsdp_costs.py``). Each runs alone in a tight loop. In a real step

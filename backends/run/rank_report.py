@@ -16,7 +16,7 @@ from oresearcher.errors import UserError
 from oresearcher.reporting.report import Timeline, summarize, write_json
 from oresearcher.reporting.trace import write_trace
 
-from . import checkpoint as ckpt
+from oresearcher.backends.checkpoint import per_rank as ckpt
 from .launcher import EXIT_PEER_LOST
 
 log = logging.getLogger(__name__)

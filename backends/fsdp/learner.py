@@ -25,7 +25,7 @@ checkpoints its own DCP folder (``dcp-agent<a>``: the agents hold different mode
 one DCP folder for the world would take for replicas and save once).
 
 Checkpoints: the learner's own ``state_dict()`` holds only its data stream; the model and
-optimizer are saved and loaded by :mod:`oresearcher.backends.dcp` (``save_sharded`` /
+optimizer are saved and loaded by :mod:`oresearcher.backends.checkpoint.dcp` (``save_sharded`` /
 ``load_sharded``, called by the worker), which reshards them on a resume at another world
 size.
 """
@@ -36,13 +36,14 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
+from oresearcher.backends.checkpoint import dcp
 from oresearcher.models import PRESETS, build_model, lm_loss
 from oresearcher.models.learner import DTYPES, TorchLearner
 from oresearcher.models.sharding import local_part, scenario_plan
 from oresearcher.models.workloads import per_rank_batch
 from oresearcher.tasks.synthetic_lm import TokenStream
 
-from . import dcp, fsdp_comm, fsdp_guard
+from . import comm as fsdp_comm, guard as fsdp_guard
 
 
 def device_mesh(scenario, world_size: int, device: torch.device):

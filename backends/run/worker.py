@@ -1,5 +1,5 @@
 """One rank of a real run: join the process group, build the agent, interpret its
-program, and (rank 0) write the report (:mod:`oresearcher.backends.rank_report`).
+program, and (rank 0) write the report (:mod:`oresearcher.backends.run.rank_report`).
 
 The same program generator the simulator interprets runs here unchanged
 (:func:`oresearcher.programs.get_program`); the learner comes from the task registry
@@ -10,7 +10,7 @@ is written only at a StepDone the program marked as a resume boundary
 (``ctx.mark_boundary``), under the boundary's nominal step; one that falls due between
 two boundaries (mid-round in the cooperative program) is written at the next one. With
 ``--resume`` ranks agree on the newest checkpoint every rank holds
-(:mod:`oresearcher.backends.checkpoint`), load the learner and random generators, and
+(:mod:`oresearcher.backends.checkpoint.per_rank`), load the learner and random generators, and
 start the program with ``ctx.start_step`` (the boundary + 1) and ``ctx.restored`` (the
 saved State objects, loaded as the program registers them).
 """
@@ -38,7 +38,7 @@ from oresearcher.programs import AgentContext, get_program
 from oresearcher.models.learner import DTYPES
 from oresearcher.reporting.report import Timeline
 
-from . import checkpoint as ckpt
+from oresearcher.backends.checkpoint import per_rank as ckpt
 from .interpreter import Interpreter, make_clock
 from .launcher import EXIT_PEER_LOST, DistEnv, connect_store
 from .monitor import Monitor, post_user_error, user_error
@@ -92,8 +92,8 @@ def load_factory(spec: str):
 def build_learner(scenario, rank: int, device, spec: Optional[str]):
     if spec:
         return load_factory(spec)(scenario, rank, mode="real", device=device)
-    if scenario.strategy.shards:  # torch's fully_shard per block (backends/fsdp.py)
-        from .fsdp import make_learner as make_fsdp_learner
+    if scenario.strategy.shards:  # torch's fully_shard per block (backends/fsdp/learner.py)
+        from oresearcher.backends.fsdp.learner import make_learner as make_fsdp_learner
 
         return make_fsdp_learner(scenario, rank, scenario.world_size, device)
     from oresearcher.tasks import make_learner
@@ -282,7 +282,7 @@ def _train(scenario, opts: RunOptions, rank, world, device, store, prefix, monit
         # a resume that overrode training.lr (--override): the optimizer takes the new lr, not the saved one
         new_lr = saved.get("meta", {}).get("lr") != scenario.training.lr
         ckpt.restore_agent(saved, learner, program_states(ctx), keep_lr=new_lr)
-        if learner.sharded:  # fsdp: model and optimizer shards from DCP (backends/dcp.py)
+        if learner.sharded:  # fsdp: model and optimizer shards from DCP (backends/checkpoint/dcp.py)
             learner.load_sharded(ckpt.step_dir(out, start - 1), keep_lr=new_lr)
 
     total = scenario.training.steps

@@ -1,7 +1,7 @@
 """Sharded checkpoints through torch.distributed.checkpoint (DCP), for fsdp runs.
 
 An fsdp rank holds 1/S of the model and optimizer as DTensor shards, so they are not
-saved in the rank's own file (:mod:`oresearcher.backends.checkpoint`) but, collectively,
+saved in the rank's own file (:mod:`oresearcher.backends.checkpoint.per_rank`) but, collectively,
 in one DCP folder per step beside those files::
 
     checkpoints/step-00000099/dcp/.metadata      written last, by the coordinator
@@ -67,7 +67,7 @@ def prune(step_dir: Path) -> None:
     """Remove the DCP folders of steps older than ``step_dir``'s that no rank holds any
     more (their manifests were pruned); call on one rank. Steps are saved one at a time
     and collectively, so an older folder without manifests is never one being written."""
-    from .checkpoint import _STEP_DIR
+    from .per_rank import _STEP_DIR
 
     step_dir = Path(step_dir)
     base, m = step_dir.parent, _STEP_DIR.match(step_dir.name)

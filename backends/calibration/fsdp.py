@@ -12,7 +12,7 @@ taken by ``oresearcher.calibrate`` on every rank at once (ranks share cores as i
   tensors of the same local shapes; the difference per parameter is the host cost FSDP2's
   sharded optimizer step adds (DTensor's Python dispatch of each elementwise op), and the
   plain step per local element is the step's own work.
-- FSDP2's bookkeeping per parameter per collective: :mod:`.calibration_fsdp_hooks`.
+- FSDP2's bookkeeping per parameter per collective: :mod:`.fsdp_hooks`.
 
 Both are medians over repetitions on this rank; the caller takes the median over ranks.
 """
@@ -22,7 +22,7 @@ import math
 
 import torch
 
-from .calibration_fsdp_hooks import bookkeeping
+from .fsdp_hooks import bookkeeping
 from .device_rates import COLD_BYTES, _median_s
 
 

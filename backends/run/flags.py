@@ -1,19 +1,28 @@
 """The run command's flags and scenario: the parser, the flags that are shortcuts for
 scenario fields, the checks that a flag is one the strategy uses, and loading the scenario
-(or a run directory's saved copy, with ``--resume``). :mod:`oresearcher.backends.run_command`
+(or a run directory's saved copy, with ``--resume``). :mod:`oresearcher.backends.run.command`
 launches what this loads.
+
+The scenario is parsed once per run: the command reads, overrides and validates it, and
+hands the validated scenario to the ranks its launcher starts (:func:`hand_down`: its JSON
+in their environment); such a rank rebuilds it with one ``model_validate_json`` and reads
+no file (:func:`handed_down`). A rank torchrun started has no command of ours above it and
+parses the file itself, once.
 """
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 from pathlib import Path
+from typing import Mapping, Optional
 
 import yaml
 
 from oresearcher.errors import Parser, UserError
 from oresearcher.scenario import resume, role_mix
-from oresearcher.scenario import check_resize, load_raw, load_scenario, output_dir, overridden, strategy_alias_error
+from oresearcher.scenario import Scenario, check_resize, load_raw, load_scenario, output_dir, overridden
+from oresearcher.scenario import strategy_alias_error
 from oresearcher.scenario.shipped import find_scenario
 
 log = logging.getLogger("oresearcher.run")
@@ -22,6 +31,9 @@ DEFAULT_SCENARIO = "scenarios/local-gloo.yaml"
 RESHARDABLE = ("agents.count", "agents.roles", "fsdp.shard_group_size",  # fsdp resumes may change
                "fsdp.reshard_after_forward")
 SAVED_SCENARIO = "scenario.yaml"
+# the validated scenario, from the command to the ranks its launcher starts, and its file
+HANDED_DOWN, HANDED_DOWN_SOURCE = "ORESEARCHER_SCENARIO_JSON", "ORESEARCHER_SCENARIO_SOURCE"
+HANDED_DOWN_MAX = 64 * 1024  # characters; exec refuses an environment string over 128 KiB (Linux)
 
 # flag -> scenario field it overrides
 FLAG_FIELDS = {
@@ -183,8 +195,42 @@ def load(args):
     check_flags_used(args, scenario)
     if path != args.scenario:  # the default, or a shipped one: say which
         log.info("scenario file: %s", path)
-    out = Path(args.out) if args.out else output_dir("runs", scenario.name, args.backend)
-    return scenario, out, []
+    return scenario, run_dir(args, scenario), []
+
+
+def run_dir(args, scenario) -> Path:
+    """The run directory: --resume's, --out, or runs/<scenario name>/<backend>."""
+    if args.resume:
+        return Path(args.resume)
+    return Path(args.out) if args.out else output_dir("runs", scenario.name, args.backend)
+
+
+def hand_down(scenario, base: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """The environment for the ranks a command starts: ``base`` with the validated
+    ``scenario`` handed down (:func:`handed_down`), and without any scenario ``base`` held;
+    a scenario too large for an environment string is not handed down (the ranks then
+    parse the file, as before)."""
+    env = {k: v for k, v in base.items() if k not in (HANDED_DOWN, HANDED_DOWN_SOURCE)}
+    text = scenario.model_dump_json()
+    if len(text) > HANDED_DOWN_MAX:
+        log.debug("scenario JSON of %d characters: the ranks parse the file themselves", len(text))
+        return env
+    source = getattr(scenario, "_source", None)
+    return {**env, HANDED_DOWN: text, HANDED_DOWN_SOURCE: "" if source is None else str(source)}
+
+
+def handed_down(denv, environ: Mapping[str, str] = os.environ) -> Optional[Scenario]:
+    """The scenario the launching command handed this rank (:func:`hand_down`), or None
+    where it must parse the file itself: not a rank (``denv`` None), a rank that torchrun
+    or plain environment variables started, or nothing handed down. A rebuild validates
+    the JSON only: no YAML, no overrides, no profile files (the command checked those)."""
+    text = environ.get(HANDED_DOWN)
+    if denv is None or denv.store_host != "launcher" or text is None:
+        return None
+    scenario = Scenario.model_validate_json(text)
+    source = environ.get(HANDED_DOWN_SOURCE)
+    scenario._source = Path(source) if source else None  # relative paths resolve as in the command
+    return scenario
 
 
 def _load_resume(args):

@@ -6,7 +6,7 @@ hooks, inside the one Compute op that runs forward and backward: the interpreter
 sees those collectives as ops. FSDP2 takes its collectives from objects a module may
 replace (``FSDPModule.set_custom_all_gather`` / ``set_custom_reduce_scatter``, public
 hooks); :func:`install` puts timing ones in, wrapping whatever reduce-scatter is there
-(the divergence guard's, :mod:`oresearcher.backends.fsdp_guard`). Each call is appended
+(the divergence guard's, :mod:`oresearcher.backends.fsdp.guard`). Each call is appended
 to this process's :data:`LOG` (one rank per process) under the simulator's names
 (``fsdp_all_gather``, ``fsdp_reduce_scatter``, as :mod:`oresearcher.programs.fsdp` yields
 them) with the wire bytes the simulator's formula gives, and the interpreter's Compute

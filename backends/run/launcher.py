@@ -8,7 +8,7 @@ TCPStore on 127.0.0.1 bound to a port the kernel picks, so concurrent runs never
 for a port), starts one subprocess per rank with the same environment variables, and
 watches them. Hosting the store outside the ranks means the store survives any rank, so
 when one dies the launcher can post which one (its exit code or signal) for the others
-to read (:mod:`oresearcher.backends.monitor`) and stop the rest after the timeout.
+to read (:mod:`oresearcher.backends.run.monitor`) and stop the rest after the timeout.
 
 Every spawned rank gets OMP_NUM_THREADS (1 unless asked otherwise): several ranks share
 the cores, and oversubscribed intra-op threads only slow them down.

@@ -1,8 +1,8 @@
 """The roofline model against a measured training step on this CPU (the CPU check).
 
-    OMP_NUM_THREADS=1 python -m oresearcher.backends.roofline_check            # gpt-tiny and gpt-small-cpu
+    OMP_NUM_THREADS=1 python -m oresearcher.backends.calibration.roofline_check            # gpt-tiny and gpt-small-cpu
 
-Each round measures this device's rates (:mod:`oresearcher.backends.device_rates`, as
+Each round measures this device's rates (:mod:`oresearcher.backends.calibration.device_rates`, as
 ``oresearcher.calibrate`` does) and, right after, a few real steps of the preset
 (forward, backward, AdamW; fp32, one thread), so both see the same load on a shared
 host; the prediction is the roofline price of the step with that round's rates. The
@@ -56,7 +56,7 @@ def measured_step_s(model: str, micro_batch: int, seq_len: int, steps: int, stat
 
 def check(model: str, micro_batch: int, seq_len: int, rounds: int = 5, steps: int = 3) -> dict:
     """{predicted_s, measured_s, error, errors} for one preset (medians over rounds)."""
-    from oresearcher.backends.device_rates import measure_rates
+    from oresearcher.backends.calibration.device_rates import measure_rates
     from oresearcher.sim.roofline import price_lm_step
 
     state, preds, meas, errs = {}, [], [], []

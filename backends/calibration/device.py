@@ -11,7 +11,7 @@ With one rank there is no collective to sweep: the command measures the device
   the workload's shapes, ``efficiency`` 1, the interpreter's host cost per Compute op;
 - ``NAME-roofline``: the roofline model (``sim/roofline.py``) with that GEMM rate as
   peak, the attention rate, the memory bandwidth of a device copy and the launch cost per
-  kernel, all measured (``backends/device_rates.py``).
+  kernel, all measured (``backends/calibration/device_rates.py``).
 
 A scenario uses them with ``cluster.profile_files: [profile.yaml]`` and
 ``cluster.device: gpu-calibrated`` (or ``gpu-calibrated-roofline``). With more than one
@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from oresearcher.backends import device_rates
+from . import device_rates
 from oresearcher.calibration.profiles import profile_fields
 from oresearcher.comm.units import US
 
@@ -68,7 +68,7 @@ def measure_device(model: str, micro_batch: int, seq_len: int, dtype: str = "fp3
                    repeats: int = 9) -> dict:
     """The roofline rates at ``model``'s shapes (:func:`device_rates.measure_rates`), the hot
     square GEMM, the host cost of one Compute op, the device's memory and a description."""
-    from oresearcher.backends.calibration import measure_host_overhead
+    from oresearcher.backends.calibration.measure import measure_host_overhead
 
     dev = torch.device(device)
     rates = device_rates.measure_rates(model, micro_batch, seq_len, dtype, dev, repeats)

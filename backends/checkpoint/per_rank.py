@@ -6,7 +6,7 @@ Layout under the run directory::
     checkpoints/step-00000099/rank-0000.pt     state of rank 0 after step 99
     checkpoints/step-00000099/rank-0000.json   its manifest: step, rank, world size, the
                                                run id and scenario hash (the run's
-                                               run.json: backends/rundir.py), and the
+                                               run.json: backends/run/rundir.py), and the
                                                size and SHA-256 of rank-0000.pt
     checkpoints/step-00000099/rank-0001.pt
     checkpoints/step-00000099/rank-0001.json
@@ -111,7 +111,7 @@ def write_failure(e: BaseException, where: Path) -> Optional[str]:
 
 
 def run_identity(manifest: Optional[dict]) -> Optional[dict]:
-    """{"run_id", "scenario", "scenarios"} from a run manifest (backends/rundir.py): what
+    """{"run_id", "scenario", "scenarios"} from a run manifest (backends/run/rundir.py): what
     checkpoints are saved with and checked against; None without a manifest."""
     if not manifest:
         return None
@@ -326,7 +326,7 @@ class Checkpointer:
 
     def save(self, step: int, learner, states: dict, record: Optional[dict] = None) -> Path:
         """``record``: what the report is written from should the run stop before it is
-        (the final step's checkpoint carries the rank's timeline: backends/worker.py)."""
+        (the final step's checkpoint carries the rank's timeline: backends/run/worker.py)."""
         meta = {**self.meta, "record": record} if record is not None else self.meta
         path = save_checkpoint(self.root, step, self.rank, self.world_size,
                                agent_state(step, self.world_size, learner, states, meta), self.run)
