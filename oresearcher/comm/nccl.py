@@ -78,6 +78,9 @@ NVLS_CHUNK_STEPS = ((64, 65536), (8, 32768), (2, 16384))
 # NVLS-tree starts from Simple's chunk (NCCL_BUFFSIZE 4 MiB / 8 steps x 4 steps a chunk) and
 # takes its own ladder (enqueue.cc)
 SIMPLE_CHUNK = 4 * 2**20 // 8 * 4
+# Simple's ring chunk and slice, in FIFO steps of NCCL_STEPS = 8 (collectives.h, NCCL 2.8.4:
+# ALLREDUCE_CHUNKSTEPS = NCCL_STEPS / 2, ALLREDUCE_SLICESTEPS = NCCL_STEPS / 4)
+SIMPLE_CHUNK_STEPS, SIMPLE_SLICE_STEPS = 4, 2
 NVLS_TREE_CHUNK_STEPS = ((32, 262144), (16, 131072), (4, 65536), (1, 32768))
 
 
@@ -98,6 +101,18 @@ class Choice:
 def ring_hops(kind: str, n: int, nodes: int) -> tuple[int, int]:
     """(algorithm steps, of which cross a node boundary) of a ring (tuning.cc)."""
     return schedules.ring_steps(kind, n), schedules.ring_steps(kind, nodes)
+
+
+def slices_per_chunk(kind: str, proto: str) -> int:
+    """Synchronisations per ring step: NCCL's Simple ring moves each step's chunk as
+    ``CHUNKSTEPS / SLICESTEPS`` slices, each behind its own flag wait (NCCL 2.8.4
+    src/include/collectives.h: all-reduce, all-gather and reduce-scatter 4 / 2 = 2;
+    broadcast 1 / 1). The tuner counts one hop per step; the kernel waits once per slice.
+    Across loops the FIFO (8 steps = 4 slices) hides the waits behind the previous
+    loop's data, so the first loop's, counted here once, are what mid sizes pay."""
+    if proto != "Simple" or kind not in ("AllReduce", "AllGather", "ReduceScatter"):
+        return 1
+    return SIMPLE_CHUNK_STEPS // SIMPLE_SLICE_STEPS
 
 
 def channels_used(nbytes: float, proto: str, nranks: int, p) -> tuple[int, int]:
@@ -162,7 +177,9 @@ def latency(kind: str, algo: str, proto: str, n: int, nodes: int, p, net=None, n
         inter = (net.ring_hop_latency_us if algo == "ring" else net.tree_hop_latency_us)[proto]
     if algo == "ring":
         steps, cross = ring_hops(kind, n, nodes)
-        local, net_part = p.base_latency_us[proto] + (steps - cross) * intra, cross * inter
+        syncs = 1 if tuner else slices_per_chunk(kind, proto)
+        local = p.base_latency_us[proto] + syncs * (steps - cross) * intra
+        net_part = syncs * cross * inter
         if proto == "Simple" and nodes > 1 and kind == "AllReduce" and nbytes >= n / 16 * 65536:
             local, net_part = local * 1.9, net_part * 1.9  # "plateau effect of ring" (tuning.cc)
     else:
