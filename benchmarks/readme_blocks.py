@@ -15,7 +15,7 @@ import textwrap
 from pathlib import Path
 
 from readme_run import ROOT, Block, _report, fence, run, transcript  # noqa: F401 (Block: readme_figures)
-from readme_blocks_collectives import collective_bench, collective_errors, nic_4_vs_8  # the collective model's blocks
+from readme_blocks_collectives import collective_bench, collective_errors, gdr_level, nic_4_vs_8  # the collective model's blocks
 
 
 # ---- the generators ---------------------------------------------------------------------
@@ -325,6 +325,8 @@ BLOCKS = [
     Block("nic-4-vs-8", "python -m oresearcher.sim scenarios/2x8xA100{,-4nic}.yaml --collective-bench all_reduce",
           nic_4_vs_8),
     Block("collective-errors", "python benchmarks/bench_collectives.py", collective_errors),
+    Block("gdr-level", "python -m oresearcher.sim scenarios/2x8xA100-4nic.yaml --collective-bench all_reduce "
+          "[--set cluster.gdr_level=LOC]", gdr_level),
     Block("sim-digits-final", "python -m oresearcher.sim scenarios/digits-4.yaml", sim_digits_final, quick=False),
     Block("sim-sweep", "python -m oresearcher.sim scenarios/8xA100.yaml ... --sweep communication.bucket_size_MB=...",
           sim_sweep, quick=False, images={"runs/8xA100/sweep.png": "docs/img/8xA100-bucket-sweep.png"}),

@@ -55,8 +55,21 @@ def build_cluster(scenario: Scenario):
                                                          ".fabric") for i, t in enumerate(cl.network.tiers)]
         network = (cl.network.kind, [Tier(t.group, float(t.oversubscription), f.bandwidth)
                                      for t, f in zip(cl.network.tiers, fabrics)])
-    topo = build_topology(scenario.world_size, cl.gpus_per_node, intra, inter, cl.nics_per_node, network=network)
+    topo = build_topology(scenario.world_size, cl.gpus_per_node, intra, inter, cl.nics_per_node, network=network,
+                          node_pcie=_node_pcie(cl, cat, src))
     return device, topo
+
+
+def _node_pcie(cl, cat, src: str):
+    """(the node's PCIe layout, GDR level) of a cluster that names a layout, else None
+    (oresearcher/comm/pcie.py: GPUDirect RDMA and LL128 as the layout allows)."""
+    if not cl.node_layout:
+        return None
+    layout = lookup(cat, "node", cl.node_layout, f"{src}: cluster.node_layout")
+    if (layout.gpus, layout.nics) != (cl.gpus_per_node, cl.nics_per_node):
+        raise UserError(f"{src}: cluster.node_layout {layout.name!r} has {layout.gpus} GPUs and {layout.nics} "
+                        f"NICs; cluster.gpus_per_node is {cl.gpus_per_node}, nics_per_node {cl.nics_per_node}")
+    return layout, cl.gdr_level
 
 
 def memory_report(scenario: Scenario, device) -> dict | None:

@@ -202,9 +202,12 @@ def candidates(kind: str, nodes: int, p=None, net=None) -> tuple[str, ...]:
     return ("ring", "tree")
 
 
-def protocols(algo: str) -> tuple[str, ...]:
-    """NVLS and NVLS-tree run the Simple protocol only (tuning.cc)."""
-    return ("Simple",) if algo in ("nvls", "nvls_tree") else PROTOCOLS
+def protocols(algo: str, net=None) -> tuple[str, ...]:
+    """NVLS and NVLS-tree run the Simple protocol only (tuning.cc); across a network that
+    does not allow it (``net.ll128`` False: a GPU-to-NIC path beyond PXB), no LL128."""
+    if algo in ("nvls", "nvls_tree"):
+        return ("Simple",)
+    return tuple(q for q in PROTOCOLS if q != "LL128") if (net is not None and not net.ll128) else PROTOCOLS
 
 
 def nvls_chunk(nbytes: float, slices: int, algo: str = "nvls") -> int:
@@ -279,7 +282,7 @@ def choose(kind: str, nbytes: float, n: int, nodes: int, busbw_Bps: float, p, ne
     algos = candidates(kind, nodes, p, net)
     if algorithm in algos:
         algos = (algorithm,)
-    pairs = [(a, proto) for a in algos for proto in protocols(a)]
+    pairs = [(a, proto) for a in algos for proto in protocols(a, net)]
     a, proto = min(pairs, key=lambda ap: predicted_time(
         estimate(kind, *ap, nbytes, n, nodes, busbw_Bps, p, net, tuner=True), kind, nbytes, n, busbw_Bps, nodes))
     return estimate(kind, a, proto, nbytes, n, nodes, busbw_Bps, p, net)
