@@ -146,6 +146,15 @@ def compute_pricing(scenario: Scenario, device):
     return RooflinePricing(price, optimizer_share=share)
 
 
+def without_controller(scenario: Scenario, mode: str) -> dict:
+    """The same run without the overhead controller (``communication.budget`` unset): its
+    step time and overhead, for the one line the report prints beside the controlled run's."""
+    plain = scenario.model_copy(update={"communication": scenario.communication.model_copy(update={"budget": None})})
+    r = simulate(plain, mode=mode, keep_spans=0, fault_baselines=False)[0]
+    return {"step_time_s": r["step_time_s"], "comm_overhead": r["comm_overhead"],
+            "exposed_comm_time_s": r["exposed_comm_time_s"]}
+
+
 def simulate(scenario: Scenario, *, mode: str | None = None, on_step=None,
              keep_spans: int = 200_000, exact: bool = False, fault_baselines: bool = True) -> tuple[dict, Timeline]:
     """Run ``scenario`` in the simulator; returns (report dict, Timeline). The loss
@@ -184,7 +193,15 @@ def simulate(scenario: Scenario, *, mode: str | None = None, on_step=None,
                        "processes": len(classes) if classes else scenario.world_size,
                        "ops_run": engine.ops_run}
     report = summarize(tl, scenario.resolved(), backend="sim", extra=extra)
+    if fault_baselines and controlled(report):
+        report["without_controller"] = without_controller(scenario, mode)
     return report, tl
+
+
+def controlled(report: dict) -> bool:
+    """The overhead controller decided in this run (its StepDone metrics carry budget_rung;
+    a strategy without the cooperative program ignores communication.budget)."""
+    return any("budget_rung" in m for ms in (report.get("metrics") or {}).values() for m in ms)
 
 
 def _run(scenario, mode, device, topo, on_step, keep_spans, classes, memory):

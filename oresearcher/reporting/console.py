@@ -70,6 +70,9 @@ def print_report(report: dict, title: str, column: str = "predicted") -> None:
         t.add_row("  of which waiting for slower peers", fmt_ms(report["peer_wait_time_s"]))
     t.add_row("exposed communication time", fmt_ms(report["exposed_comm_time_s"]))
     t.add_row("communication overhead (exposed / step)", f"{report['comm_overhead']:.2%}")
+    plain = report.get("without_controller")
+    if plain:  # communication.budget: the same run without the overhead controller (sim/simulate.py)
+        t.add_row("  without the overhead controller", f"{plain['comm_overhead']:.2%}, step {fmt_ms(plain['step_time_s'])}")
     t.add_row("bytes on the wire per rank", format_bytes(report["wire_bytes_per_step"]))
     if report.get("steps"):
         start = report.get("start_step") or 0  # a resumed run measures the steps run since the resume
