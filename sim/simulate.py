@@ -193,9 +193,20 @@ def simulate(scenario: Scenario, *, mode: str | None = None, on_step=None,
                        "processes": len(classes) if classes else scenario.world_size,
                        "ops_run": engine.ops_run}
     report = summarize(tl, scenario.resolved(), backend="sim", extra=extra)
+    if device.prediction_band:  # a calibrated profile: how far a run on that host may land
+        report["band"] = prediction_band(report, device.prediction_band)
     if fault_baselines and controlled(report):
         report["without_controller"] = without_controller(scenario, mode)
     return report, tl
+
+
+def prediction_band(report: dict, half_widths: dict) -> dict:
+    """The band around the step time and the overhead (oresearcher/calibration/band.py)."""
+    from oresearcher.calibration.band import band
+
+    return {"half_width": dict(half_widths),
+            "step_time_s": list(band(report["step_time_s"], half_widths["step_time"])),
+            "comm_overhead": list(band(report["comm_overhead"], half_widths["comm_overhead"]))}
 
 
 def controlled(report: dict) -> bool:

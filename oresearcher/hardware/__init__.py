@@ -122,6 +122,11 @@ class DeviceProfile(_Finite):
     # its source. None: the profile cannot price a switch.
     host_link_GBps: Optional[float] = Field(None, ge=1e-3, le=1e5, description="host<->device copy bandwidth, GB/s "
                                             "per direction")
+    # How far a run on the calibrated host may land from a prediction made with this profile,
+    # as relative half widths (oresearcher/calibration/band.py: from calibration's own repeats).
+    # None: no band (a shipped profile, or too few steps measured).
+    prediction_band: Optional[dict[Literal["step_time", "comm_overhead"], Annotated[float, Field(ge=0, le=10)]]] = Field(
+        None, description="relative half widths of a prediction's band (calibrated)")
 
     @model_validator(mode="after")
     def _roofline_complete(self):

@@ -79,6 +79,12 @@ def print_report(report: dict, title: str, column: str = "predicted") -> None:
         which = f"since the resume at {start:,}" if start else "warm-up included"
         t.caption = f"step time = {report.get('total_time_s', 0.0):,.4g} s / {report['steps']:,} steps ({which})"
     console.print(t)
+    if report.get("band"):  # a calibrated profile's (oresearcher/calibration/band.py)
+        b, w = report["band"], report["band"]["half_width"]
+        console.print(f"band from calibration's spread: step {fmt_ms(b['step_time_s'][0])} - "
+                      f"{fmt_ms(b['step_time_s'][1])} (+-{w['step_time']:.0%}), overhead "
+                      f"{b['comm_overhead'][0]:.2%} - {b['comm_overhead'][1]:.2%} (+-{w['comm_overhead']:.0%})",
+                      highlight=False)
     steps, ws = max(report["steps"], 1), max(report["world_size"], 1)
     if report["breakdown"]:
         console.print(collective_table(report["breakdown"], steps, ws, waits=report.get("backend") == "sim"))
