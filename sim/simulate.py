@@ -148,7 +148,9 @@ def compute_pricing(scenario: Scenario, device):
 
 def without_controller(scenario: Scenario, mode: str) -> dict:
     """The same run without the overhead controller (``communication.budget`` unset): its
-    step time and overhead, for the one line the report prints beside the controlled run's."""
+    step time and overhead, for the one line the report prints beside the controlled run's.
+    Shape mode only: a numeric run would train a second time (convergence proxies, the
+    budget experiments), and those compare against their own uncontrolled rows."""
     plain = scenario.model_copy(update={"communication": scenario.communication.model_copy(update={"budget": None})})
     r = simulate(plain, mode=mode, keep_spans=0, fault_baselines=False)[0]
     return {"step_time_s": r["step_time_s"], "comm_overhead": r["comm_overhead"],
@@ -195,7 +197,7 @@ def simulate(scenario: Scenario, *, mode: str | None = None, on_step=None,
     report = summarize(tl, scenario.resolved(), backend="sim", extra=extra)
     if device.prediction_band:  # a calibrated profile: how far a run on that host may land
         report["band"] = prediction_band(report, device.prediction_band)
-    if fault_baselines and controlled(report):
+    if fault_baselines and mode == "shape" and controlled(report):  # numeric runs (proxies, experiments) skip it
         report["without_controller"] = without_controller(scenario, mode)
     return report, tl
 
