@@ -15,6 +15,12 @@ live (64 KiB - 32 MiB), and this module adds what it does, from its public sourc
   small message NCCL uses fewer channels and threads: ``while nbytes < nc * nt *
   threshold`` drop a channel, then halve the threads (enqueue.cc, getAlgoInfo). A
   message on fewer channels gets that share of the bus bandwidth (:func:`channels_used`).
+- **Slices.** The Simple ring sends each step's chunk as 2 slices (collectives.h,
+  ``CHUNKSTEPS / SLICESTEPS``), each behind its own flag wait; the tuner counts one hop
+  per step. Achieved, the step latencies count once per slice (:func:`slices_per_chunk`):
+  what keeps 16-32 MiB all-reduces on 8 A100s at ~235 and ~370 us where one hop per step
+  gives 188 and 313 (mid sizes keep all 12 channels: 16 MiB is 43 x enqueue.cc's
+  12 x 512 x 64 B threshold).
 - **Launch.** nccl-tests issues collectives back to back; the host enqueues while the
   GPU runs the previous one, so a call costs ``max(host, kernel)``. With one process per
   GPU the host side is one call; with one process driving all GPUs of a node (``-g 8``)
