@@ -50,7 +50,9 @@ from pathlib import Path
 
 import yaml
 
+from oresearcher.calibration.band import cpu_ticks, stolen  # CPU time the hypervisor took
 from oresearcher.errors import UserError
+from oresearcher.reporting.compare import band_verdicts  # a calibrated prediction's band, inside or not
 from oresearcher.reporting.round_ops import WARMUP, rank_split, steady, trace_spans  # a real run's steady figures
 from oresearcher.files import write_text
 
@@ -152,25 +154,6 @@ def spread(xs: list) -> float:
     return (max(xs) - min(xs)) / statistics.median(xs) if len(xs) > 1 and statistics.median(xs) else 0.0
 
 
-def cpu_ticks() -> tuple[int, int] | None:
-    """(stolen, all) CPU ticks since boot, summed over cores, from Linux's /proc/stat;
-    None where there is none. Stolen ticks are the time a virtual machine's hypervisor
-    ran something else while this machine had work: a host busier than the load average
-    says."""
-    try:
-        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
-    except (OSError, ValueError):
-        return None
-    return (fields[7], sum(fields)) if len(fields) == 8 else None
-
-
-def stolen(a, b) -> float | None:
-    """Share of the CPU time between two :func:`cpu_ticks` readings that was stolen."""
-    if a is None or b is None or b[1] <= a[1]:
-        return None
-    return (b[0] - a[0]) / (b[1] - a[1])
-
-
 def stolen_text(shares) -> str:
     """Stolen shares as percentages ("-" where unknown)."""
     return ", ".join("-" if x is None else f"{100 * x:.0f}" for x in shares)
@@ -232,7 +215,7 @@ def main(argv=None) -> int:
     for i, (label, n, extra) in chosen:
         path = work / f"config{i}.yaml"
         path.write_text(yaml.safe_dump(scenario_dict(n, extra), sort_keys=False))
-        preds, meass, steal, split = [], [], [], []
+        preds, meass, steal, split, verdicts = [], [], [], [], []
         for k in range(args.repeats):
             profile = work / f"profile{i}-{k}.yaml"
             c0 = cpu_ticks()
@@ -242,6 +225,8 @@ def main(argv=None) -> int:
             steal.append((stolen(c0, c1), stolen(c1, cpu_ticks())))
             split.append((calibration_split(profile), rank_split(meass[-1]["compute_s_by_rank"])))
             preds.append(predict(path, profile, args.per_collective))
+            verdicts.append(band_verdicts(preds[-1], meass[-1]))
+            print_pair_band(k, verdicts[-1])
         pred, meas = median_report(preds), median_report(meass)
         rows.append({"config": label, "ranks": n, "pred": pred, "meas": meas,
                      "step_spread": spread([m["step_time_s"] for m in meass]),
@@ -262,6 +247,7 @@ def main(argv=None) -> int:
         if n > 1:
             print(f"  rank split (slowest rank's compute per step over the fastest's, % of the mean), per pair, "
                   f"calibration / run: {pairs_text(split)}")
+        print_band_verdict(verdicts)
         if args.per_collective:
             print_blocked(preds, meass)
     print_table(rows, args.markdown)
@@ -270,6 +256,32 @@ def main(argv=None) -> int:
     write_text(work / "sim_to_real.json", json.dumps(rows, indent=1, default=float))
     print(f"scenarios, profiles, runs and sim_to_real.json in {work}")
     return 0 if all(abs(r["step_err"]) <= 0.15 and abs(r["overhead_err"]) <= 0.15 for r in rows) else 1
+
+
+def print_pair_band(k: int, verdicts: list[dict]) -> None:
+    """One calibrate-and-run pair: each headline figure measured, its predicted band, inside or not."""
+    def cell(v):
+        f = (lambda x: f"{1e3 * x:.1f} ms") if v["unit"] == "s" else (lambda x: f"{x:.1%}")
+        w = "" if v["half_width"] is None else f" (+-{v['half_width']:.0%})"
+        return f"{v['label']} {f(v['measured'])} in [{f(v['low'])}, {f(v['high'])}]{w}: " + (
+            "inside" if v["inside"] else "OUTSIDE")
+    if verdicts:
+        print(f"  pair {k + 1}: " + "; ".join(cell(v) for v in verdicts), flush=True)
+
+
+def print_band_verdict(per_pair: list[list[dict]]) -> None:
+    """How many pairs' measured figures lie inside their predictions' bands, and whether the
+    bands are narrow enough to be useful (+-20%)."""
+    from oresearcher.calibration.band import USEFUL
+
+    for label in ("step time", "overhead"):
+        vs = [v for pair in per_pair for v in pair if v["label"] == label]
+        if not vs:
+            continue
+        widths = [v["half_width"] for v in vs if v["half_width"] is not None]
+        wide = statistics.median(widths) if widths else float("nan")
+        print(f"  {label}: inside the predicted band in {sum(v['inside'] for v in vs)} of {len(vs)} pairs; "
+              f"band half width median +-{wide:.0%}" + (f" (wider than +-{USEFUL:.0%})" if wide > USEFUL else ""))
 
 
 def print_blocked(preds: list[dict], meass: list[dict]) -> None:

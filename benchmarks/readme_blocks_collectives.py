@@ -57,6 +57,32 @@ def nic_4_vs_8() -> str:
     return fence("\n".join(lines))
 
 
+GDR_SIZES = ("1 MiB", "16 MiB", "256 MiB", "4 GiB")
+
+
+def gdr_level() -> str:
+    """The 4-NIC A100 nodes' all-reduce with GPUDirect RDMA (the layout's PIX path, within
+    the default level PXB) and without it (level LOC: through host memory and the uplinks)."""
+    sys.path.insert(0, str(ROOT))
+    from oresearcher.scenario import load_scenario
+    from oresearcher.sim.bench import bench_cluster, collective_bench
+    from oresearcher.reporting.units import format_bytes
+
+    sizes = [parse_size(x) for x in GDR_SIZES]
+    width = max(len(x) for x in GDR_SIZES) + 14
+    cmd = "$ python -m oresearcher.sim scenarios/2x8xA100-4nic.yaml --collective-bench all_reduce"
+    lines = [f"{cmd}                                (trimmed)",
+             f"{cmd} --set cluster.gdr_level=LOC   (trimmed)",
+             "busbw GB/s" + "".join(f"{x:>{width}}" for x in GDR_SIZES)]
+    for label, sets in (("GDR", []), ("LOC", ["cluster.gdr_level=LOC"])):
+        scenario = load_scenario(ROOT / "scenarios" / "2x8xA100-4nic.yaml", sets)
+        device, topo = bench_cluster(scenario)
+        rows = collective_bench(topo, device, "all_reduce", sizes, scenario.communication.algorithm)
+        cells = {format_bytes(r["size_bytes"], binary=True): f"{r['busbw_GBps']:.1f} ({r['algorithm']})" for r in rows}
+        lines.append(f"{label:<10}" + "".join(f"{cells[x]:>{width}}" for x in GDR_SIZES))
+    return fence("\n".join(lines))
+
+
 def parse_size(text: str) -> int:
     """"256 KiB" -> 262144."""
     number, unit = text.split()

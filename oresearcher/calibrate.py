@@ -84,6 +84,7 @@ import os
 import sys
 from pathlib import Path
 
+from .calibration.band import contention_change, cpu_ticks, stolen
 from .calibration.fabric_fit import (  # noqa: F401 (re-exported: the calibration API)
     GB, MAX_BANDWIDTH_GBps, US, WORKLOAD_WEIGHT, FabricFit, fit_errors, fit_fabric, inrun_factor, scaled)
 from .calibration.jitter import (  # noqa: F401
@@ -245,12 +246,15 @@ def main(argv=None) -> int:
         return _launch(args, argv, scenario.world_size, hand_down(scenario))
     from oresearcher.backends.calibration.measure import calibrate_rank
 
+    ticks, load = cpu_ticks(), os.getloadavg()[0]  # the host while this calibration ran (the prediction's band)
     m = calibrate_rank(scenario, denv, backend=args.backend, timeout_s=args.timeout, sizes=sizes,
                        repeats=args.repeats, compute_steps=args.compute_steps or default_compute_steps(scenario),
                        learner_spec=args.learner,
                        threads=int(os.environ.get("OMP_NUM_THREADS", "1") or 1))
     if m is not None:
-        m = m.with_(sync_period=sync_period(scenario), roofline=roofline_rates(scenario, args.backend))
+        m = m.with_(sync_period=sync_period(scenario), roofline=roofline_rates(scenario, args.backend),
+                    stolen_share=stolen(ticks, cpu_ticks()),
+                    contention_change=contention_change(load, os.getloadavg()[0], os.cpu_count() or 1))
         out = Path(args.out or Path("runs") / scenario.name / "profile.yaml")
         fit = write_profile(out, m, args.device_name, args.fabric_name, args.jitter, args.in_run)
         fsdp = fsdp_fit(m, args.jitter)  # the fsdp program's rate is its passes' (calibration/profiles.py)

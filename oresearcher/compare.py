@@ -7,7 +7,9 @@ Each argument is a report.json or a directory holding one. The error of a figure
 ``(predicted - measured) / measured``. With ``--max-error``, the exit code is 1 when a
 headline figure (step time, communication overhead) is off by more than that fraction.
 Reports of different scenarios, strategies or rank counts are refused (one line, exit 2)
-unless ``--force`` says the comparison is meant.
+unless ``--force`` says the comparison is meant. A prediction made with a calibrated
+profile carries a band (oresearcher/calibration/band.py); each headline figure's line then
+says whether the measurement lies inside it.
 
 """
 from __future__ import annotations
@@ -17,7 +19,8 @@ import math
 import sys
 
 from .errors import Parser, UserError, cli_main, short
-from .reporting.compare import compare, mismatch, print_table, profile_lines, read_report, worst_headline
+from .reporting.compare import (band_lines, compare, mismatch, print_table, profile_lines, read_report,
+                                worst_headline)
 
 
 def _fraction(text: str) -> float:
@@ -48,7 +51,7 @@ def main(argv=None) -> int:
     name = (meas.get("scenario") or {}).get("name", "")
     print_table(rows, f"{name}: {pred.get('backend', '?')} prediction vs {meas.get('backend', '?')} "
                       f"measurement, {meas.get('world_size', '?')} ranks")
-    print("\n".join(profile_lines(pred, meas)))
+    print("\n".join(band_lines(pred, meas) + profile_lines(pred, meas)))
     if pred.get("convergence"):  # the predicted loss curve (oresearcher.sim's --target-loss) beside the run's
         from .reporting.convergence_view import beside_lines
 

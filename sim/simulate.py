@@ -58,8 +58,21 @@ def build_cluster(scenario: Scenario):
                                                          ".fabric") for i, t in enumerate(cl.network.tiers)]
         network = (cl.network.kind, [Tier(t.group, float(t.oversubscription), f.bandwidth)
                                      for t, f in zip(cl.network.tiers, fabrics)])
-    topo = build_topology(scenario.world_size, cl.gpus_per_node, intra, inter, cl.nics_per_node, network=network)
+    topo = build_topology(scenario.world_size, cl.gpus_per_node, intra, inter, cl.nics_per_node, network=network,
+                          node_pcie=_node_pcie(cl, cat, src))
     return device, topo
+
+
+def _node_pcie(cl, cat, src: str):
+    """(the node's PCIe layout, GDR level) of a cluster that names a layout, else None
+    (oresearcher/comm/pcie.py: GPUDirect RDMA and LL128 as the layout allows)."""
+    if not cl.node_layout:
+        return None
+    layout = lookup(cat, "node", cl.node_layout, f"{src}: cluster.node_layout")
+    if (layout.gpus, layout.nics) != (cl.gpus_per_node, cl.nics_per_node):
+        raise UserError(f"{src}: cluster.node_layout {layout.name!r} has {layout.gpus} GPUs and {layout.nics} "
+                        f"NICs; cluster.gpus_per_node is {cl.gpus_per_node}, nics_per_node {cl.nics_per_node}")
+    return layout, cl.gdr_level
 
 
 def memory_report(scenario: Scenario, device) -> dict | None:
@@ -136,6 +149,17 @@ def compute_pricing(scenario: Scenario, device):
     return RooflinePricing(price, optimizer_share=share)
 
 
+def without_controller(scenario: Scenario, mode: str) -> dict:
+    """The same run without the overhead controller (``communication.budget`` unset): its
+    step time and overhead, for the one line the report prints beside the controlled run's.
+    Shape mode only: a numeric run would train a second time (convergence proxies, the
+    budget experiments), and those compare against their own uncontrolled rows."""
+    plain = scenario.model_copy(update={"communication": scenario.communication.model_copy(update={"budget": None})})
+    r = simulate(plain, mode=mode, keep_spans=0, fault_baselines=False)[0]
+    return {"step_time_s": r["step_time_s"], "comm_overhead": r["comm_overhead"],
+            "exposed_comm_time_s": r["exposed_comm_time_s"]}
+
+
 def simulate(scenario: Scenario, *, mode: str | None = None, on_step=None,
              keep_spans: int = 200_000, exact: bool = False, fault_baselines: bool = True) -> tuple[dict, Timeline]:
     """Run ``scenario`` in the simulator; returns (report dict, Timeline). The loss
@@ -174,7 +198,26 @@ def simulate(scenario: Scenario, *, mode: str | None = None, on_step=None,
                        "processes": len(classes) if classes else scenario.world_size,
                        "ops_run": engine.ops_run}
     report = summarize(tl, scenario.resolved(), backend="sim", extra=extra)
+    if device.prediction_band:  # a calibrated profile: how far a run on that host may land
+        report["band"] = prediction_band(report, device.prediction_band)
+    if fault_baselines and mode == "shape" and controlled(report):  # numeric runs (proxies, experiments) skip it
+        report["without_controller"] = without_controller(scenario, mode)
     return report, tl
+
+
+def prediction_band(report: dict, half_widths: dict) -> dict:
+    """The band around the step time and the overhead (oresearcher/calibration/band.py)."""
+    from oresearcher.calibration.band import band
+
+    return {"half_width": dict(half_widths),
+            "step_time_s": list(band(report["step_time_s"], half_widths["step_time"])),
+            "comm_overhead": list(band(report["comm_overhead"], half_widths["comm_overhead"]))}
+
+
+def controlled(report: dict) -> bool:
+    """The overhead controller decided in this run (its StepDone metrics carry budget_rung;
+    a strategy without the cooperative program ignores communication.budget)."""
+    return any("budget_rung" in m for ms in (report.get("metrics") or {}).values() for m in ms)
 
 
 def _run(scenario, mode, device, topo, on_step, keep_spans, classes, memory):

@@ -14,6 +14,7 @@ from ..hardware import JITTER_CV_MAX
 from ..errors import UserError
 from ..comm.units import GB, NS, US, s_to_us
 from .fabric_fit import FabricFit
+from .band import BLOCKS, USEFUL, exposed_series, group_pace, half_widths, level_cv
 from .jitter import fit_wake, op_jitter_cv, own_slowness, persistence_rho, pooled_cv, simulated_meetings
 from .record import Measurement
 
@@ -122,6 +123,36 @@ def jitter_fit(m: Measurement) -> tuple[float, float]:
     cv = op_jitter_cv(step_cv, m.op_flops, compute_rate(m, jitter=True), m.host_overhead_s)
     return min(cv, JITTER_CV_MAX), 0.0  # a busier host than a profile can describe: capped, and said
 
+def band_fit(m: Measurement) -> dict | None:
+    """The prediction band's relative half widths (:mod:`.band`) from the calibration's own
+    repeats: the level spread of its steps (mean over ranks) over consecutive blocks, and
+    of the time ranks were held at the program's own collectives (each one's in-run
+    transfer plus its waits), plus the CPU share stolen and the change of a core's share
+    (the host's contention) while it ran. None with fewer than
+    two steps a block (nothing to see the level move in)."""
+    m = Measurement.of(m)
+    pace = group_pace(m.step_seconds_per_rank)
+    if len(pace) < 2 * BLOCKS:
+        return None
+    by_kind = {}
+    for r in m.inrun_collectives:
+        by_kind.setdefault(r["kind"], []).append(r["time_s"])
+    held = exposed_series(m.arrival_waits, {k: statistics.fmean(ts) for k, ts in by_kind.items()})
+    return half_widths(level_cv(pace), level_cv(held), (m.stolen_share or 0.0) + (m.contention_change or 0.0))
+
+
+def _band_line(device: dict) -> list[str]:
+    b = device.get("prediction_band")
+    if not b:
+        return []
+    wide = [k.replace("_", " ") for k, w in b.items() if w > USEFUL]
+    return [f"# prediction band: step time +-{b['step_time']:.0%}, communication overhead +-{b['comm_overhead']:.0%} "
+            f"(2 x sqrt(2) x the level spread over {BLOCKS} blocks of this calibration's steps and collectives, plus "
+            "the CPU share stolen and the change of a core's share while it ran; calibration/band.py)"
+            + (f"; wider than +-{USEFUL:.0%} for {', '.join(wide)}: this host moved too much while it was measured"
+               if wide else "") + "."]
+
+
 def wake_fit(m: Measurement) -> tuple[float, float]:
     """``(wake_s, floor_s)``: the mean wake-up delay after a collective with which the
     simulated ranks' times at the program's own collectives spread as the measured ones
@@ -169,6 +200,7 @@ def device_doc(name: str, m: Measurement, memory_bytes: float, jitter: bool = Fa
         **({"fsdp_reduce_param_us": m.reduce_param_s / US} if m.reduce_param_s is not None else {}),
         **({"fsdp_unit_step_us": m.unit_step_s / US} if m.unit_step_s is not None else {}),
         **({"host_link_GBps": m.host_link_Bps / GB} if m.host_link_Bps else {}),  # hosted agents' switches
+        **({"prediction_band": band} if (band := band_fit(m)) else {}),  # calibration/band.py
     }
     if fit is not None:
         doc.update({k: v for k, v in fit.items() if not k.endswith("_factor")})
@@ -241,6 +273,7 @@ def profile_text(device: dict, fabric: dict, m: Measurement, errors: list[dict])
            f"compute_jitter_rho {device.get('compute_jitter_rho', 0.0):.3f}."
            if m.sync_period > 1 else "the program synchronises every step: no persistence to fit."),
         *_waits_line(device, m),
+        *_band_line(device),
         f"# in-run collectives: {m.inrun_factor:.3f} x the idle sweep's fit (geometric mean of "
         "measured / fitted over the program's own collectives, every rank busy; 1: not applied).",
         *(_fsdp_step_lines(device, m) if m.fsdp_step and "pass_flops_per_s" in device else []),

@@ -53,6 +53,8 @@ class Measurement:
     # over ranks of seconds per step (passes_s, copies_s, optimizer_s, comm_s), and
     # "schedule": what the schedule charges per step at the microbenchmarks' constants
     fsdp_step: Optional[dict] = None
+    stolen_share: Optional[float] = None  # share of the CPU time the hypervisor took while calibration ran
+    contention_change: Optional[float] = None  # how far a process's share of a core moved meanwhile (band.py)
 
     @property
     def mean_step_s(self) -> float:

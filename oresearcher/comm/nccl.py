@@ -15,6 +15,12 @@ live (64 KiB - 32 MiB), and this module adds what it does, from its public sourc
   small message NCCL uses fewer channels and threads: ``while nbytes < nc * nt *
   threshold`` drop a channel, then halve the threads (enqueue.cc, getAlgoInfo). A
   message on fewer channels gets that share of the bus bandwidth (:func:`channels_used`).
+- **Slices.** The Simple ring sends each step's chunk as 2 slices (collectives.h,
+  ``CHUNKSTEPS / SLICESTEPS``), each behind its own flag wait; the tuner counts one hop
+  per step. Achieved, the step latencies count once per slice (:func:`slices_per_chunk`):
+  what keeps 16-32 MiB all-reduces on 8 A100s at ~235 and ~370 us where one hop per step
+  gives 188 and 313 (mid sizes keep all 12 channels: 16 MiB is 43 x enqueue.cc's
+  12 x 512 x 64 B threshold).
 - **Launch.** nccl-tests issues collectives back to back; the host enqueues while the
   GPU runs the previous one, so a call costs ``max(host, kernel)``. With one process per
   GPU the host side is one call; with one process driving all GPUs of a node (``-g 8``)
@@ -78,6 +84,9 @@ NVLS_CHUNK_STEPS = ((64, 65536), (8, 32768), (2, 16384))
 # NVLS-tree starts from Simple's chunk (NCCL_BUFFSIZE 4 MiB / 8 steps x 4 steps a chunk) and
 # takes its own ladder (enqueue.cc)
 SIMPLE_CHUNK = 4 * 2**20 // 8 * 4
+# Simple's ring chunk and slice, in FIFO steps of NCCL_STEPS = 8 (collectives.h, NCCL 2.8.4:
+# ALLREDUCE_CHUNKSTEPS = NCCL_STEPS / 2, ALLREDUCE_SLICESTEPS = NCCL_STEPS / 4)
+SIMPLE_CHUNK_STEPS, SIMPLE_SLICE_STEPS = 4, 2
 NVLS_TREE_CHUNK_STEPS = ((32, 262144), (16, 131072), (4, 65536), (1, 32768))
 
 
@@ -98,6 +107,18 @@ class Choice:
 def ring_hops(kind: str, n: int, nodes: int) -> tuple[int, int]:
     """(algorithm steps, of which cross a node boundary) of a ring (tuning.cc)."""
     return schedules.ring_steps(kind, n), schedules.ring_steps(kind, nodes)
+
+
+def slices_per_chunk(kind: str, proto: str) -> int:
+    """Synchronisations per ring step: NCCL's Simple ring moves each step's chunk as
+    ``CHUNKSTEPS / SLICESTEPS`` slices, each behind its own flag wait (NCCL 2.8.4
+    src/include/collectives.h: all-reduce, all-gather and reduce-scatter 4 / 2 = 2;
+    broadcast 1 / 1). The tuner counts one hop per step; the kernel waits once per slice.
+    Across loops the FIFO (8 steps = 4 slices) hides the waits behind the previous
+    loop's data, so the first loop's, counted here once, are what mid sizes pay."""
+    if proto != "Simple" or kind not in ("AllReduce", "AllGather", "ReduceScatter"):
+        return 1
+    return SIMPLE_CHUNK_STEPS // SIMPLE_SLICE_STEPS
 
 
 def channels_used(nbytes: float, proto: str, nranks: int, p) -> tuple[int, int]:
@@ -162,7 +183,9 @@ def latency(kind: str, algo: str, proto: str, n: int, nodes: int, p, net=None, n
         inter = (net.ring_hop_latency_us if algo == "ring" else net.tree_hop_latency_us)[proto]
     if algo == "ring":
         steps, cross = ring_hops(kind, n, nodes)
-        local, net_part = p.base_latency_us[proto] + (steps - cross) * intra, cross * inter
+        syncs = 1 if tuner else slices_per_chunk(kind, proto)
+        local = p.base_latency_us[proto] + syncs * (steps - cross) * intra
+        net_part = syncs * cross * inter
         if proto == "Simple" and nodes > 1 and kind == "AllReduce" and nbytes >= n / 16 * 65536:
             local, net_part = local * 1.9, net_part * 1.9  # "plateau effect of ring" (tuning.cc)
     else:
@@ -185,9 +208,12 @@ def candidates(kind: str, nodes: int, p=None, net=None) -> tuple[str, ...]:
     return ("ring", "tree")
 
 
-def protocols(algo: str) -> tuple[str, ...]:
-    """NVLS and NVLS-tree run the Simple protocol only (tuning.cc)."""
-    return ("Simple",) if algo in ("nvls", "nvls_tree") else PROTOCOLS
+def protocols(algo: str, net=None) -> tuple[str, ...]:
+    """NVLS and NVLS-tree run the Simple protocol only (tuning.cc); across a network that
+    does not allow it (``net.ll128`` False: a GPU-to-NIC path beyond PXB), no LL128."""
+    if algo in ("nvls", "nvls_tree"):
+        return ("Simple",)
+    return tuple(q for q in PROTOCOLS if q != "LL128") if (net is not None and not net.ll128) else PROTOCOLS
 
 
 def nvls_chunk(nbytes: float, slices: int, algo: str = "nvls") -> int:
@@ -262,7 +288,7 @@ def choose(kind: str, nbytes: float, n: int, nodes: int, busbw_Bps: float, p, ne
     algos = candidates(kind, nodes, p, net)
     if algorithm in algos:
         algos = (algorithm,)
-    pairs = [(a, proto) for a in algos for proto in protocols(a)]
+    pairs = [(a, proto) for a in algos for proto in protocols(a, net)]
     a, proto = min(pairs, key=lambda ap: predicted_time(
         estimate(kind, *ap, nbytes, n, nodes, busbw_Bps, p, net, tuner=True), kind, nbytes, n, busbw_Bps, nodes))
     return estimate(kind, a, proto, nbytes, n, nodes, busbw_Bps, p, net)

@@ -27,14 +27,28 @@ def applies(kind: str, requested: str, topo) -> bool:
         "AllReduce", "ReduceScatter", "AllGather", "Broadcast", "Barrier")
 
 
-def _nccl_net(topo, crosses: bool):
-    """The network's NCCL step latencies when a collective crosses nodes (else None)."""
+def _nccl_net(topo, crosses: bool, ranks=()):
+    """The network's NCCL step latencies when a collective crosses nodes (else None); no
+    LL128 across it where the node's PCIe layout forbids it for ``ranks``."""
     if not crosses:
         return None
     net = topo.inter.nccl_net if topo.inter is not None else None
     if net is None:
         raise ValueError(f"inter-node fabric {topo.inter.name if topo.inter else None!r} has no nccl_net section")
+    if ranks and not topo.ll128_across_nodes(ranks):
+        net = net.model_copy(update={"ll128": False})
     return net
+
+
+def _net_channels(p, net):
+    """The fabric's NCCL model with the network's own per-channel rates where it gives them.
+    A ring channel across nodes is one thread block per GPU that also makes the channel's
+    NVLink hops, so it moves at the slower of the two rates: a network rate can only
+    lower what the node's channels copy."""
+    if net is None or not net.channel_GBps:
+        return p
+    rates = {q: min(v, net.channel_GBps.get(q, v)) for q, v in p.channel_GBps.items()}
+    return p.model_copy(update={"channel_GBps": rates})
 
 
 def _nccl_result(c, ph, topo, local_gpus: int) -> Plan:
@@ -73,7 +87,8 @@ def plan(kind: str, ranks: tuple, nbytes: float, topo, requested: str = "auto", 
         p = p.model_copy(update={"channels": topo.net_channels(ranks, p.channels)})
     if nodes > 1 and p.nvls_channels and groups is None:  # NVLS-tree needs the same GPUs on every node
         p = p.model_copy(update={"nvls_channels": None})
-    c = N.choose(kind, total, len(ranks), nodes, topo.bus_bandwidth(ranks), p, _nccl_net(topo, nodes > 1), requested)
+    net = _nccl_net(topo, nodes > 1, ranks)
+    c = N.choose(kind, total, len(ranks), nodes, topo.bus_bandwidth(ranks), _net_channels(p, net), net, requested)
     if c.algorithm == "nvls_tree":
         return _nccl_result(c, _nvls_tree_phases(S, groups, _nvls_heads(topo, groups)), topo,
                             _local_gpus(ranks, groups))

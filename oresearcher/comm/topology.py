@@ -15,13 +15,18 @@ directional with a capacity in bytes/s (already times the fabric's efficiency):
 GPU-to-NIC affinity: with fewer NICs than GPUs, the GPUs that use one NIC sit with it on one
 PCIe switch (HGX A100 boards with 4 NICs: two GPUs and one NIC per switch), so GPUDirect RDMA
 stays under the switch and the NIC's link is what they share (:meth:`Topology.nic_groups`).
-NCCL's channels across nodes follow the NICs (:meth:`Topology.net_channels`).
+NCCL's channels across nodes follow the NICs (:meth:`Topology.net_channels`). Where the
+cluster gives the node's PCIe layout (``layout``), the layout says which NIC a GPU uses and
+whether its network bytes go through host memory; those then also cross their PCIe
+complexes' uplinks to the CPU (``n{node}.pcie{k}.up|down``), shared by the complex's GPUs
+and NICs (:mod:`.pcie`).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Optional
 
+from . import pcie
 from .tiers import TierNetwork
 
 
@@ -34,6 +39,8 @@ class Topology:
     nics_per_node: int = 1
     launch: str = "per-process"  # NCCL host side: one process per GPU, or one driving all ("single-process")
     network: Optional[tuple] = None  # (kind, [tiers.Tier]) switches between the NICs; None: one flat switch
+    layout: Optional["NodeLayout"] = None  # the node's PCIe layout (hardware/node.py); None: GDR under one switch
+    gdr_level: str = "PXB"  # NCCL_NET_GDR_LEVEL: GPUDirect RDMA up to this path type (.pcie)
     capacity: list = field(default_factory=list)  # bytes/s per link
     names: list = field(default_factory=list)
     _routes: dict = field(default_factory=dict)
@@ -56,6 +63,12 @@ class Topology:
                 for k in range(self.nics_per_node):
                     self.nic_up[n, k] = self._link(f"n{n}.nic{k}.up", self.inter.bandwidth)
                     self.nic_down[n, k] = self._link(f"n{n}.nic{k}.down", self.inter.bandwidth)
+        self.uplink = {}  # (node, PCIe complex, 'up' | 'down') -> link: crossed through host memory (.pcie)
+        if self.layout is not None and self.nodes > 1:
+            for n in range(self.nodes):
+                for k in range(len(self.layout.switches)):
+                    for d in ("up", "down"):
+                        self.uplink[n, k, d] = self._link(f"n{n}.pcie{k}.{d}", self.layout.uplink_Bps(k))
         self.switches = None  # .tiers: multi-tier fat tree or rail-optimised network
         if self.network is not None and self.nodes > 1:
             self.switches = TierNetwork(*self.network, self._link, self.nodes, self.nics_per_node)
@@ -66,7 +79,22 @@ class Topology:
         return len(self.capacity) - 1
 
     def nic(self, rank: int) -> int:
+        if self.layout is not None:
+            return pcie.nic_of(self.layout, rank % self.gpus_per_node)
         return (rank % self.gpus_per_node) * self.nics_per_node // self.gpus_per_node
+
+    def _host_hops(self, rank: int, sending: bool) -> tuple:
+        """Uplink ids ``rank``'s network bytes cross through host memory (none with GDR under a switch)."""
+        if self.layout is None or not pcie.through_host(self.layout, rank % self.gpus_per_node, self.gdr_level):
+            return ()
+        n = self.node_of[rank]
+        return tuple(self.uplink[n, k, d] for k, d in pcie.host_hops(self.layout, rank % self.gpus_per_node, sending))
+
+    def ll128_across_nodes(self, ranks) -> bool:
+        """NCCL lets LL128 cross the network for ``ranks`` (every NIC path at most PXB)."""
+        if self.layout is None:
+            return True
+        return pcie.ll128_across_nodes(self.layout, sorted({r % self.gpus_per_node for r in ranks}))
 
     def nic_groups(self) -> list[list[int]]:
         """Local GPU indices behind each NIC of a node (those GPUs share the NIC and its
@@ -102,7 +130,7 @@ class Topology:
             else:
                 a, b = (self.node_of[src], self.nic(src)), (self.node_of[dst], self.nic(dst))
                 mid = self.switches.path(*a, *b) if self.switches is not None else ()
-                r = (self.nic_up[a], *mid, self.nic_down[b])
+                r = (*self._host_hops(src, True), self.nic_up[a], *mid, self.nic_down[b], *self._host_hops(dst, False))
             self._routes[key] = r
         return r
 
@@ -115,7 +143,10 @@ class Topology:
         bw = self.intra.bandwidth
         first = [r for r in ranks if self.node_of[r] == self.node_of[ranks[0]]]
         if self.inter is not None and len(first) < len(ranks):
-            bw = min(bw, self.nics_reached(ranks) * self.inter.bandwidth)
+            nics = {self.nic(r) for r in first}
+            if self.layout is None:
+                return min(bw, len(nics) * self.inter.bandwidth)
+            return min(bw, sum(pcie.nic_Bps(self.layout, k, self.inter.bandwidth, self.gdr_level) for k in nics))
         return bw
 
     def protocol(self, ranks) -> "FabricProfile":
@@ -127,7 +158,17 @@ class Topology:
 
 def build_topology(world_size: int, gpus_per_node: int, intra: "FabricProfile",
                    inter: Optional["FabricProfile"] = None, nics_per_node: int = 1,
-                   launch: str = "per-process", network: Optional[tuple] = None) -> Topology:
+                   launch: str = "per-process", network: Optional[tuple] = None,
+                   node_pcie: Optional[tuple] = None) -> Topology:
+    """A topology; ``node_pcie`` is (the node's PCIe layout, NCCL_NET_GDR_LEVEL), the layout
+    with ``gpus_per_node`` GPUs and ``nics_per_node`` NICs."""
+    layout, gdr_level = node_pcie or (None, "PXB")
     if launch not in ("per-process", "single-process"):
         raise ValueError(f"launch must be per-process or single-process, got {launch!r}")
-    return Topology(world_size, gpus_per_node, intra, inter, nics_per_node, launch, network=network)
+    if layout is not None and (layout.gpus, layout.nics) != (gpus_per_node, nics_per_node):
+        raise ValueError(f"node layout {layout.name!r} has {layout.gpus} GPUs and {layout.nics} NICs; the cluster "
+                         f"has {gpus_per_node} GPUs and {nics_per_node} NICs per node")
+    if gdr_level not in pcie.PATH_TYPES:
+        raise ValueError(f"gdr_level must be one of {', '.join(pcie.PATH_TYPES)}, got {gdr_level!r}")
+    return Topology(world_size, gpus_per_node, intra, inter, nics_per_node, launch, network=network,
+                    layout=layout, gdr_level=gdr_level)

@@ -44,7 +44,9 @@ def configs(budget: float, rows: str = "all") -> list[tuple[str, list[str]]]:
     """(name, overrides) of the fixed intervals and the controller; ``rows="key"`` keeps
     "share every 1" (the reference) and the controller only."""
     every = INTERVALS if rows == "all" else INTERVALS[:1]
-    return [(f"share every {k}", [f"communication.share_every={k}"]) for k in every] + [
+    # the fixed rows run without the controller, whatever the scenario says (the reference
+    # scenario itself runs it: scenarios/8xA100.yaml)
+    return [(f"share every {k}", [f"communication.share_every={k}", "communication.budget=null"]) for k in every] + [
         (f"controller, budget {budget:g}", [f"communication.budget={budget}"])]
 
 

@@ -122,6 +122,11 @@ class DeviceProfile(_Finite):
     # its source. None: the profile cannot price a switch.
     host_link_GBps: Optional[float] = Field(None, ge=1e-3, le=1e5, description="host<->device copy bandwidth, GB/s "
                                             "per direction")
+    # How far a run on the calibrated host may land from a prediction made with this profile,
+    # as relative half widths (oresearcher/calibration/band.py: from calibration's own repeats).
+    # None: no band (a shipped profile, or too few steps measured).
+    prediction_band: Optional[dict[Literal["step_time", "comm_overhead"], Annotated[float, Field(ge=0, le=10)]]] = Field(
+        None, description="relative half widths of a prediction's band (calibrated)")
 
     @model_validator(mode="after")
     def _roofline_complete(self):
@@ -204,6 +209,14 @@ class NcclNetParams(_Finite):
 
     ring_hop_latency_us: dict[Proto, Micros]
     tree_hop_latency_us: dict[Proto, Micros]
+    # What one channel moves across the network, per protocol (GB/s), with its source; a
+    # channel that crosses nodes moves at the slower of this and the node's channel rate
+    # (oresearcher/comm/nccl_tier.py). Absent: the node's channel rates alone.
+    channel_GBps: Optional[dict[Proto, GBps]] = Field(None, description="bus GB/s one channel moves "
+                                                      "across the network")
+    # Set by the topology, not in profiles: LL128 may cross this network only where the
+    # GPU-to-NIC path is at most PXB (oresearcher/comm/pcie.py).
+    ll128: bool = Field(True, description="LL128 may cross the network (set from the node's PCIe layout)")
     # NVLS-tree's step across the network (Simple); absent: NVLS-tree does not run over it.
     nvls_tree_hop_latency_us: Optional[Micros] = Field(None, description="NVLS-tree step across the "
                                                        "network, microseconds")
@@ -256,9 +269,11 @@ class FabricProfile(_Finite):
 def _parse(doc, source: str):
     if not isinstance(doc, dict):
         raise UserError(f"{source}: a profile must be a mapping, got {type(doc).__name__}")
-    model = {"device": DeviceProfile, "fabric": FabricProfile}.get(doc.get("kind"))
+    from .node import NodeLayout  # a node's PCIe layout (hardware/node.py)
+
+    model = {"device": DeviceProfile, "fabric": FabricProfile, "node": NodeLayout}.get(doc.get("kind"))
     if model is None:
-        raise UserError(f"{source}: kind: must be 'device' or 'fabric' (got {doc.get('kind')!r})")
+        raise UserError(f"{source}: kind: must be 'device', 'fabric' or 'node' (got {doc.get('kind')!r})")
     try:
         return model.model_validate(doc)
     except ValidationError as e:

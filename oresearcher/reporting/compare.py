@@ -157,6 +157,38 @@ def worst_headline(rows: list[dict]) -> float:
     return max(errs, default=0.0)
 
 
+BAND_FIGURES = (("step_time_s", "step time", "s", "step_time"), ("comm_overhead", "overhead", "%", "comm_overhead"))
+
+
+def band_verdicts(predicted: dict, measured: dict) -> list[dict]:
+    """For each headline figure the prediction carries a band for (a calibrated profile's,
+    oresearcher/calibration/band.py): key, label, unit, low, high, half width, measured, and
+    whether the measured figure lies inside."""
+    b = predicted.get("band")
+    if not isinstance(b, dict):
+        return []
+    out = []
+    for key, label, unit, width in BAND_FIGURES:
+        lo_hi, m = b.get(key), measured.get(key)
+        if not (isinstance(lo_hi, list) and len(lo_hi) == 2) or m is None:
+            continue
+        w = (b.get("half_width") or {}).get(width)
+        out.append({"key": key, "label": label, "unit": unit, "low": lo_hi[0], "high": lo_hi[1], "half_width": w,
+                    "measured": m, "inside": lo_hi[0] <= m <= lo_hi[1]})
+    return out
+
+
+def band_lines(predicted: dict, measured: dict) -> list[str]:
+    """One line per banded figure: the measured figure inside or outside the predicted band."""
+    lines = []
+    for v in band_verdicts(predicted, measured):
+        w = f" (+-{v['half_width']:.0%})" if v["half_width"] is not None else ""
+        lines.append(f"{v['label']}: measured {fmt(v['measured'], v['unit'])} "
+                     f"{'inside' if v['inside'] else 'OUTSIDE'} the predicted band "
+                     f"{fmt(v['low'], v['unit'])} - {fmt(v['high'], v['unit'])}{w}, from calibration's spread")
+    return lines
+
+
 def profile_lines(predicted: dict, measured: dict) -> list[str]:
     """Which hardware profiles the prediction priced the run with (the report's saved
     ``cluster``) and, when they are the shipped ones (``oresearcher/hardware/profiles``: published or rough

@@ -73,12 +73,21 @@ def print_report(report: dict, title: str, column: str = "predicted") -> None:
         t.add_row("  of which waiting for slower peers", fmt_ms(report["peer_wait_time_s"]))
     t.add_row("exposed communication time", fmt_ms(report["exposed_comm_time_s"]))
     t.add_row("communication overhead (exposed / step)", f"{report['comm_overhead']:.2%}")
+    plain = report.get("without_controller")
+    if plain:  # communication.budget: the same run without the overhead controller (sim/simulate.py)
+        t.add_row("  without the overhead controller", f"{plain['comm_overhead']:.2%}, step {fmt_ms(plain['step_time_s'])}")
     t.add_row("bytes on the wire per rank", format_bytes(report["wire_bytes_per_step"]))
     if report.get("steps"):
         start = report.get("start_step") or 0  # a resumed run measures the steps run since the resume
         which = f"since the resume at {start:,}" if start else "warm-up included"
         t.caption = f"step time = {report.get('total_time_s', 0.0):,.4g} s / {report['steps']:,} steps ({which})"
     console.print(t)
+    if report.get("band"):  # a calibrated profile's (oresearcher/calibration/band.py)
+        b, w = report["band"], report["band"]["half_width"]
+        console.print(f"band from calibration's spread: step {fmt_ms(b['step_time_s'][0])} - "
+                      f"{fmt_ms(b['step_time_s'][1])} (+-{w['step_time']:.0%}), overhead "
+                      f"{b['comm_overhead'][0]:.2%} - {b['comm_overhead'][1]:.2%} (+-{w['comm_overhead']:.0%})",
+                      highlight=False)
     steps, ws = max(report["steps"], 1), max(report["world_size"], 1)
     if report["breakdown"]:
         console.print(collective_table(report["breakdown"], steps, ws, waits=report.get("backend") == "sim"))

@@ -13,9 +13,9 @@ and YAML only: no SimPy is imported here.)
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Literal, Optional
 
-from pydantic import Field, model_validator
+from pydantic import Field, model_serializer, model_validator
 
 from .network import NetworkSpec
 from .types import MAX_WORLD, Int, Name, Strict
@@ -29,12 +29,28 @@ class ClusterSpec(Strict):
     intra_node: Name = Field("nvswitch-a100", description="fabric profile inside a node")
     inter_node: Optional[Name] = Field(None, description="fabric profile between nodes (NICs + switch)")
     nics_per_node: Int = Field(1, ge=1, le=64, description="network cards per node on inter_node")
+    # The node's PCIe layout (a `kind: node` profile) and NCCL_NET_GDR_LEVEL: which GPUs and
+    # NICs share a PCIe switch decides GPUDirect RDMA and LL128 across nodes (oresearcher/comm/pcie.py).
+    node_layout: Optional[Name] = Field(None, description="node PCIe layout profile (GPUs and NICs per PCIe "
+                                        "switch, uplinks); none: each GPU's NIC under its switch, GPUDirect RDMA on")
+    gdr_level: Literal["LOC", "PIX", "PXB", "PHB", "SYS"] = Field(
+        "PXB", description="GPUDirect RDMA up to this GPU-to-NIC path type, as NCCL_NET_GDR_LEVEL (default PXB)")
     network: Optional[NetworkSpec] = Field(None, description="switch tiers between the NICs (oresearcher/scenario/network.py); "
                                            "none: one non-blocking switch")
     profile_files: list[Annotated[str, Field(min_length=1, max_length=4096)]] = Field(
         default_factory=list, max_length=16,
         description="extra profile YAML files (e.g. from `oresearcher.calibrate`), relative to the scenario",
     )
+
+    @model_serializer(mode="wrap")
+    def _leave_out_default_pcie(self, handler):
+        # a cluster that names no PCIe layout dumps as before the layout existed, so the
+        # reports of scenarios without one stay byte for byte what they were
+        data = handler(self)
+        if isinstance(data, dict) and data.get("node_layout") is None and data.get("gdr_level") == "PXB":
+            data.pop("node_layout", None)
+            data.pop("gdr_level", None)
+        return data
 
     @property
     def world_size(self) -> int:
@@ -68,8 +84,9 @@ def check_profiles(cluster: ClusterSpec, source: str, base_dir: Path, who=None) 
     missing = any(not profile_path(f, base_dir).is_file() for f in cluster.profile_files)
     tiers = [(f"network.tiers[{i}].fabric", t.fabric) for i, t in enumerate(cluster.network.tiers)] \
         if cluster.network else []
-    for kind, field, name in [(k, f, getattr(cluster, f)) for k, f in (
-            ("device", "device"), ("fabric", "intra_node"), ("fabric", "inter_node"))] + [("fabric", *t) for t in tiers]:
+    named = [(k, f, getattr(cluster, f)) for k, f in (
+        ("device", "device"), ("fabric", "intra_node"), ("fabric", "inter_node"), ("node", "node_layout"))]
+    for kind, field, name in named + [("fabric", *t) for t in tiers]:
         if name is None or (missing and (kind, name.partition(":")[0] if kind == "device" else name) not in cat):
             continue
         where = (who and who(f"cluster.{field}")) or source

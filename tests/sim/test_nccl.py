@@ -42,12 +42,12 @@ def test_eight_bytes_golden():
 
 
 def test_one_gib_golden():
-    """1 GiB: ring/Simple on all 12 channels; latency 6.8 + 8.4 + 14 x 3.4 = 62.8 us; bus
-    bandwidth min(port 300 x 0.78333 = 235 GB/s, 12 x 20 GB/s) = 235 GB/s."""
+    """1 GiB: ring/Simple on all 12 channels; latency 6.8 + 8.4 + 2 slices x 14 steps x 3.4
+    = 110.4 us; bus bandwidth min(port 300 x 0.78333 = 235 GB/s, 12 x 20 GB/s) = 235 GB/s."""
     S = 2**30
     pl = C.plan("AllReduce", tuple(range(8)), S, a100())
     assert pl.label == "ring/Simple"
-    expect = 62.8 * US + 2 * 7 / 8 * S / (300e9 * 0.78333)
+    expect = 110.4 * US + 2 * 7 / 8 * S / (300e9 * 0.78333)
     assert C.plan_time(pl, a100()) == pytest.approx(expect, rel=1e-9)
 
 
@@ -88,8 +88,8 @@ def test_concurrent_collectives_still_share_links():
     for k in (1, 2):
         tl = Engine(t, DEVICE, "fp32", "auto").run([prog(k) for _ in range(8)])
         times.append(max(tl.step_ends[r][-1] for r in range(8)))
-    bw_part = times[0] - 62.8 * US
-    assert times[1] == pytest.approx(62.8 * US + 2 * bw_part, rel=1e-6)
+    bw_part = times[0] - 110.4 * US
+    assert times[1] == pytest.approx(110.4 * US + 2 * bw_part, rel=1e-6)
 
 
 @settings(max_examples=200, deadline=None)
@@ -169,3 +169,43 @@ def test_all_gather_and_reduce_scatter_of_one_buffer_cost_the_same(total):
     ag = C.plan_time(C.plan("AllGather", tuple(range(8)), total / 8, t), t)
     rs = C.plan_time(C.plan("ReduceScatter", tuple(range(8)), total, t), t)
     assert ag == pytest.approx(rs, rel=1e-9)
+
+
+@pytest.mark.parametrize("nbytes, proto, expect", [
+    # Simple: one channel of 512 threads wants 512 x 64 B = 32 KiB; 16 MiB >= 12 x 32 KiB keeps all
+    (16 * 2**20, "Simple", (12, 512)),
+    # 256 KiB < nc x 32 KiB until nc = 8 (8 x 32 KiB = 256 KiB is not below it)
+    (256 * 2**10, "Simple", (8, 512)),
+    # LL128: 640 x 8 B = 5 KiB a channel; 64 KiB >= 12 x 5 KiB = 60 KiB keeps 12, 32 KiB drops to 6
+    (64 * 2**10, "LL128", (12, 640)),
+    (32 * 2**10, "LL128", (6, 640)),
+    # ring LL on 8 ranks: 8 B x 8 a thread, 32 KiB a channel; 128 KiB -> 4 channels
+    (128 * 2**10, "LL", (4, 512)),
+])
+def test_mid_size_channels_golden(nbytes, proto, expect):
+    """Channels and threads NCCL's getAlgoInfo gives a message (enqueue.cc, NCCL 2.8.4; the
+    same loop in 2.18.5 and 2.30): drop a channel, then halve the threads, while the
+    message is smaller than channels x threads x the protocol's per-thread threshold."""
+    assert N.channels_used(nbytes, proto, 8, P) == expect
+
+
+def test_sixteen_mib_golden():
+    """16 MiB all-reduce on 8 A100s: ring/Simple on all 12 channels (above). The kernel
+    sends each step's chunk as 2 slices behind 2 flag waits (ALLREDUCE_CHUNKSTEPS 4 /
+    SLICESTEPS 2), so the 14 steps cost 2 x 14 x 3.4 us: kernel 6.8 + base 8.4 + 95.2 =
+    110.4 us, plus 2 x 7/8 x 16 MiB at 235 GB/s = 124.9 us: 235.3 us (ABCI measured 236.6)."""
+    S = 16 * 2**20
+    pl = C.plan("AllReduce", tuple(range(8)), S, a100())
+    assert pl.label == "ring/Simple" and N.slices_per_chunk("AllReduce", "Simple") == 2
+    assert C.plan_time(pl, a100()) == pytest.approx(110.4 * US + 2 * 7 / 8 * S / (300e9 * 0.78333), rel=1e-9)
+
+
+@pytest.mark.parametrize("name", ["abci2-intra-anode-job08-a100sxm40-8gpu", "oci-spinup-gpu-cluster-a100sxm40-8gpu"])
+def test_one_node_a100_mid_sizes_within_ten_percent(name):
+    """Where gradient buckets live, 16-32 MiB: every size of the one-node A100 curves within 10%."""
+    rows, ref, _ = reference_check(name, DATA / f"nccl-{name}.csv")
+    sim = {r["size_bytes"]: r["time_us"] for r in rows}
+    mid = [(s, t) for s, t in ref if 16 * 2**20 <= s <= 32 * 2**20]
+    assert len(mid) == 2
+    for s, t in mid:
+        assert abs(sim[s] / t - 1) <= 0.10, (s, sim[s], t)
