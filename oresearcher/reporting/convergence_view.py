@@ -33,6 +33,8 @@ def efficiency_text(c: dict) -> str:
     e = c["efficiency"]
     if not e["measured"]:
         return "1 (synchronous data parallel: the law's own regime)"
+    if "ladder" in e:
+        return f"{e['multiplier']:.2f}x tokens [{e['low']:.2f}-{e['high']:.2f}], the ladder's {e['ladder']['row']} trend"
     p = e["proxy"]
     return (f"{e['multiplier']:.2f}x tokens [{e['low']:.2f}-{e['high']:.2f}], {p['seeds']} seed"
             f"{'s' if p['seeds'] > 1 else ''} of {p['model']} x {p['steps']} steps")
@@ -44,11 +46,25 @@ def size_caution(c: dict) -> list[str]:
     from oresearcher.models.convergence import CHECKED_SIZE_RATIO
 
     e = c["efficiency"]
+    if "ladder" in e:
+        return ladder_lines(e["ladder"])
     ratio = c["n_params"] / e["proxy"]["n_params"] if e["measured"] else 0.0
     if ratio <= CHECKED_SIZE_RATIO:
         return []
     return [f"  caution: the proxy is {ratio:,.0f}x smaller than the model; the held-out check",
             f"  covers {CHECKED_SIZE_RATIO:g}x, and there every multiplier fell with size (docs/convergence.md)"]
+
+
+def ladder_lines(lad: dict) -> list[str]:
+    """Where a ladder multiplier comes from, how far it is carried, and the published anchor."""
+    out = [f"  ladder: {lad['file']}, {lad['sizes']} sizes up to N = {lad['largest_n']:,.0f} (non-embedding);",
+           f"  extrapolated {lad['distance']:,.0f}x past the largest (ln m slope {lad['slope']:+.3f} per ln N);",
+           f"  band: {lad['rule']}"]
+    x = lad.get("ddp_exponents")
+    if x:
+        out.append(f"  anchor: ladder's data parallel alpha {x['alpha']:.2f}, beta {x['beta']:.2f} "
+                   "(Chinchilla 0.34, 0.28)")
+    return out
 
 
 def lines(c: dict) -> list[str]:
