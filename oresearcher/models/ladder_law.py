@@ -19,18 +19,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-# the simulator's strategy (and its settings) -> the ladder's row
-ROWS = {("ddp", "int8"): "ddp-int8", ("diloco", 10): "diloco-h10", ("diloco", 50): "diloco-h50",
-        ("oresearcher", None): "cooperative"}
+# (training.strategy, the codec's kind, training.local_steps or None) -> the ladder's row:
+# the settings the ladder ran (docs/scaling.md); anything else has no row
+ROWS = {("ddp", "int8", None): "ddp-int8", ("diloco", "none", 10): "diloco-h10", ("diloco", "none", 50): "diloco-h50",
+        ("oresearcher", "none", None): "cooperative"}
 
 
 def row_for(strategy: str, codec: str, local_steps: int) -> str | None:
-    """The ladder row that measured this strategy, or None."""
-    if strategy == "ddp":
-        return ROWS.get(("ddp", codec.split(":")[0]))
-    if strategy == "diloco":
-        return ROWS.get(("diloco", local_steps))
-    return ROWS.get((strategy, None))
+    """The ladder row that measured this strategy with these settings, or None."""
+    kind = codec.split(":")[0]
+    return ROWS.get((strategy, kind, local_steps)) or ROWS.get((strategy, kind, None))
 
 
 @dataclass(frozen=True)

@@ -76,3 +76,4 @@ def test_the_rows_are_the_ladders_strategies():
     assert LL.row_for("ddp", "int8", 1) == "ddp-int8" and LL.row_for("ddp", "int8:stochastic", 1) == "ddp-int8"
     assert LL.row_for("diloco", "none", 50) == "diloco-h50" and LL.row_for("oresearcher", "none", 1) == "cooperative"
     assert LL.row_for("diloco", "none", 30) is None and LL.row_for("local_sgd", "none", 10) is None
+    assert LL.row_for("oresearcher", "int8", 1) is None and LL.row_for("diloco", "int8", 10) is None
