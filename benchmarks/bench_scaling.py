@@ -126,7 +126,8 @@ def train(data: dict) -> dict:
 
 def provenance(command: str) -> dict:
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+        git = lambda *a: subprocess.run(["git", *a], capture_output=True, text=True, check=True).stdout.strip()  # noqa
+        commit = git("rev-parse", "HEAD") + ("+changes" if git("status", "--porcelain", "--untracked-files=no") else "")
     except (OSError, subprocess.CalledProcessError):
         commit = "unknown"
     return {"command": command, "commit": commit, "host": platform.node(), "cpu": platform.processor() or

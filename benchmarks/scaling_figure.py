@@ -1,6 +1,7 @@
 """The figure of bench_scaling --check --figure PATH: each strategy's validation loss against
-non-embedding parameters with its fitted size law, the held-out size marked; beside it each
-strategy's loss ratio to data parallel against N."""
+non-embedding parameters with its fitted size law, the held-out size marked; each
+strategy's loss ratio to data parallel against N; the held-out size's training curve
+beside the whole-curve law fitted on the other sizes, the target dotted."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -17,7 +18,7 @@ def draw(out: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4.2))
+    fig, (ax, bx, cx) = plt.subplots(1, 3, figsize=(16, 4.4))
     for k, (strategy, pts) in enumerate(out["points"].items()):
         color = f"C{k}"
         n = np.array([p["n"] for p in pts], float)
@@ -29,6 +30,10 @@ def draw(out: dict, path: Path) -> None:
         h = out["held_out"].get(strategy)
         if h:
             ax.plot([h["n"]], [h["predicted_loss"]], "x", color=color, ms=9)
+            c = h["curve"]
+            cx.plot(c["step"], c["measured"], "-", color=color, lw=1.2, label=f"{strategy} measured")
+            cx.plot(c["step"], c["predicted"], "--", color=color, lw=1, label=f"{strategy} predicted")
+            cx.axhline(h["target"], color=color, lw=0.5, ls=":")
         rows = out["multipliers"].get(strategy, [])
         if strategy != "ddp" and rows:
             bx.plot([r["n"] for r in rows], [r["loss_ratio"] for r in rows], "o-", color=color, label=strategy)
@@ -40,6 +45,10 @@ def draw(out: dict, path: Path) -> None:
            title="each strategy against data parallel, by size")
     if bx.get_legend_handles_labels()[0]:
         bx.legend(fontsize=8)
+    cx.set(xscale="log", xlabel="step", ylabel="training loss (nats/token), smoothed",
+           title="held-out size: its curve against the whole-curve law")
+    if cx.get_legend_handles_labels()[0]:
+        cx.legend(fontsize=7)
     fig.tight_layout()
     save_figure(fig, Path(path), dpi=110)
     plt.close(fig)

@@ -84,8 +84,13 @@ def held_out(runs: dict) -> dict | None:
     smooth = cv.smooth(held["curve"], max(5, held["steps"] // 30) | 1)
     target = smooth[int(TARGET_AT * (len(smooth) - 1))]
     measured = next(i for i, v in enumerate(smooth) if v <= target)
-    pred_steps = S.steps_to(fit_curve(fitted).coef, held["n"], schedule(held), target)
-    return {"model": held["model"], "n": held["n"], "largest_fitted_n": fitted[-1]["n"],
+    coef = fit_curve(fitted).coef
+    pred_steps = S.steps_to(coef, held["n"], schedule(held), target)
+    s1, s2 = S.areas(schedule(held))
+    at = np.unique(np.geomspace(1, held["steps"] - 1, 50).astype(int))  # curve[i]: after i updates
+    return {"curve": {"step": at.tolist(), "measured": [smooth[i] for i in at],
+                      "predicted": S.curve_law(held["n"], s1[at - 1], s2[at - 1], **coef).tolist()},
+            "curve_coef": coef,"model": held["model"], "n": held["n"], "largest_fitted_n": fitted[-1]["n"],
             "final_loss": held["val_loss"], "predicted_loss": pred_loss,
             "final_error": pred_loss / held["val_loss"] - 1, "target": target, "steps": measured,
             "predicted_steps": pred_steps,
