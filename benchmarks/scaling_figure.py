@@ -35,13 +35,15 @@ def draw(out: dict, path: Path) -> None:
             cx.plot(c["step"], c["predicted"], "--", color=color, lw=1, label=f"{strategy} predicted")
             cx.axhline(h["target"], color=color, lw=0.5, ls=":")
         rows = out["multipliers"].get(strategy, [])
+        key = "m" if rows and all("m" in r for r in rows) else "loss_ratio"
         if strategy != "ddp" and rows:
-            bx.plot([r["n"] for r in rows], [r["loss_ratio"] for r in rows], "o-", color=color, label=strategy)
+            bx.plot([r["n"] for r in rows], [r[key] for r in rows], "o-", color=color, label=strategy)
     ax.set(xscale="log", xlabel="non-embedding parameters N", ylabel="validation loss (nats/token)",
            title="size laws L(N) = A N^-alpha + C (x: held-out prediction)")
     ax.legend(fontsize=8)
     bx.axhline(1.0, color="black", lw=0.8)
-    bx.set(xscale="log", xlabel="non-embedding parameters N", ylabel="loss / data parallel's",
+    bx.set(xscale="log", xlabel="non-embedding parameters N",
+           ylabel="effective-token multiplier m (else loss / data parallel's)",
            title="each strategy against data parallel, by size")
     if bx.get_legend_handles_labels()[0]:
         bx.legend(fontsize=8)

@@ -202,8 +202,9 @@ def ladder_efficiency(scenario: Scenario) -> tuple[cv.Efficiency | str, dict]:
     what the section says about it; or one line saying why there is none."""
     from oresearcher.models import ladder_law as LL
 
-    fits, t = read_ladder(scenario), scenario.training
-    row = LL.row_for(t.strategy, scenario.communication.codec, t.local_steps)
+    fits, t, codec = read_ladder(scenario), scenario.training, scenario.communication.codec
+    kind = "none" if codec.is_none else codec.dense.name if codec.sparse is None and not codec.feedback else "other"
+    row = LL.row_for(t.strategy, kind, t.local_steps)
     trend = LL.trends(fits).get(row) if row else None
     if trend is None:
         return (f"no prediction: the ladder ({scenario.convergence.ladder}) has no row with 3 or more sizes for "

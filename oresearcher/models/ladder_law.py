@@ -25,9 +25,9 @@ ROWS = {("ddp", "int8", None): "ddp-int8", ("diloco", "none", 10): "diloco-h10",
         ("oresearcher", "none", None): "cooperative"}
 
 
-def row_for(strategy: str, codec: str, local_steps: int) -> str | None:
-    """The ladder row that measured this strategy with these settings, or None."""
-    kind = codec.split(":")[0]
+def row_for(strategy: str, kind: str, local_steps: int) -> str | None:
+    """The ladder row that measured this strategy with these settings, or None; ``kind`` is
+    the codec's: "none", a dense codec's name ("int8"), or "other" (sparse, error feedback)."""
     return ROWS.get((strategy, kind, local_steps)) or ROWS.get((strategy, kind, None))
 
 

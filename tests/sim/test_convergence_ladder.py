@@ -45,6 +45,12 @@ def test_the_multiplier_is_the_trend_at_the_scenarios_n_and_nothing_trains(tmp_p
     sec = sc.section(s, 2.0)
     assert sec["efficiency"]["ladder"]["row"] == "cooperative" and "proxy" not in sec["efficiency"]
     assert sec["to_target"]["steps_low"] <= sec["to_target"]["steps"] <= sec["to_target"]["steps_high"]
+    from oresearcher.reporting.convergence_view import lines
+
+    text = "\n".join(lines(sec))
+    assert "the ladder's cooperative trend" in text and f"extrapolated {n / NS[-1]:,.0f}x past the largest" in text
+    assert "(Chinchilla 0.34, 0.28)" in text
+    assert all(len(line) <= 80 for line in lines(sec) if "fits.json" not in line)  # a path is as long as it is
 
 
 def test_a_strategy_the_ladder_lacks_is_no_prediction_in_one_line(tmp_path):
@@ -53,6 +59,14 @@ def test_a_strategy_the_ladder_lacks_is_no_prediction_in_one_line(tmp_path):
     assert isinstance(why, str) and why.startswith("no prediction: the ladder") and "cooperative" in why
     why = sc.efficiency(scenario(path, "training.strategy=diloco", "training.local_steps=20"))
     assert isinstance(why, str) and "diloco" in why
+
+
+def test_int8_data_parallel_reads_its_own_row(tmp_path):
+    path = fits_file(tmp_path)
+    why = sc.efficiency(scenario(path, "training.strategy=ddp", "communication.codec=int8"))
+    assert isinstance(why, str) and "no row with 3 or more sizes for ddp" in why  # the file has no ddp-int8 row
+    why = sc.efficiency(scenario(path, "communication.codec=int8"))  # the cooperative program with a codec
+    assert isinstance(why, str) and "for oresearcher" in why
 
 
 def test_an_unreadable_ladder_is_a_user_error(tmp_path):
@@ -73,7 +87,7 @@ def test_the_band_widens_with_the_distance_from_the_measured_sizes(ms, near, far
 
 
 def test_the_rows_are_the_ladders_strategies():
-    assert LL.row_for("ddp", "int8", 1) == "ddp-int8" and LL.row_for("ddp", "int8:stochastic", 1) == "ddp-int8"
+    assert LL.row_for("ddp", "int8", 1) == "ddp-int8" and LL.row_for("ddp", "other", 1) is None
     assert LL.row_for("diloco", "none", 50) == "diloco-h50" and LL.row_for("oresearcher", "none", 1) == "cooperative"
     assert LL.row_for("diloco", "none", 30) is None and LL.row_for("local_sgd", "none", 10) is None
     assert LL.row_for("oresearcher", "int8", 1) is None and LL.row_for("diloco", "int8", 10) is None
