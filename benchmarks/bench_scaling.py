@@ -198,6 +198,11 @@ def run_ladder(args, ladder: Ladder) -> None:
             ladder.get(scenario_data(name, strategy, lrs[name], steps, args.seed))
             if strategy == "ddp" and args.half and not args.steps:
                 ladder.get(scenario_data(name, "ddp", lrs[name], budget_steps(name, args.tpp / 2), args.seed))
+    largest = max(args.sizes, key=non_embedding)
+    steps = args.steps or budget_steps(largest, args.tpp)
+    for k in range(1, args.held_out_seeds):  # the held-out size's other seeds: the check's median
+        for strategy in args.strategies:
+            ladder.get(scenario_data(largest, strategy, lrs[largest], steps, args.seed + k))
 
 
 def main(argv=None) -> int:
@@ -212,6 +217,8 @@ def main(argv=None) -> int:
                    help="data parallel also at half the budget (Chinchilla's second D)")
     p.add_argument("--steps", type=int, default=0, help="steps per run instead of the budget (quick looks)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--held-out-seeds", type=int, default=1,
+                   help="seeds of the largest size (the held-out check takes their median)")
     p.add_argument("--lr-start", type=float, default=LR_START)
     p.add_argument("--figure", type=Path, default=None, help="write the fits' figure here")
     args = p.parse_args(argv)

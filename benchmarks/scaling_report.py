@@ -24,11 +24,25 @@ DRAWS = 200  # bootstrap draws of each size law
 TARGET_AT = 5 / 6  # the target: the held-out run's smoothed loss here, inside its last third
 
 
-def pick(runs: list[dict]) -> tuple[dict, dict, list]:
-    """({strategy: {model: run}}, {model: tuned rate}, data parallel's shorter runs)."""
-    by = {}
-    for r in runs:
+def pick(runs: list[dict]) -> tuple[dict, dict, list, dict]:
+    """({strategy: {model: run}}, {model: tuned rate}, data parallel's shorter runs,
+    {strategy: {model: [the same run at other seeds]}}). Tuning and the fits use the
+    first seed; other seeds (the held-out size's, ``--held-out-seeds``) join the check."""
+    base = min((r["seed"] for r in runs), default=0)
+    by, extra = {}, {}
+    for r in (r for r in runs if r["seed"] == base):
         by.setdefault(r["strategy"], {}).setdefault(r["model"], []).append(r)
+    chosen, tuned, shorter = _tune(by)
+    for r in runs:
+        c = chosen.get(r["strategy"], {}).get(r["model"])
+        if r["seed"] != base and c and r["lr"] == c["lr"] and r["steps"] == c["steps"]:
+            extra.setdefault(r["strategy"], {}).setdefault(r["model"], []).append(r)
+    return chosen, tuned, shorter, extra
+
+
+def _tune(by: dict) -> tuple[dict, dict, list]:
+    """Data parallel's best full-budget rate per size, the run standing for each (strategy,
+    size) at it, and data parallel's shorter runs at it."""
     tuned, chosen, shorter = {}, {}, []
     for model, rs in by.get("ddp", {}).items():
         full = max(r["steps"] for r in rs)
@@ -73,17 +87,22 @@ def fit_curve(runs: list[dict]) -> S.Fit:
     return S.fit_curves(n, s1, s2, loss)
 
 
-def held_out(runs: dict) -> dict | None:
-    """Fit on every size but the largest; predict the largest's final loss and steps to a target."""
+def held_out(runs: dict, others: list | None = None) -> dict | None:
+    """Fit on every size but the largest; predict the largest's final loss and steps to a
+    target (the first seed's smoothed loss at :data:`TARGET_AT` of its run); measured: the
+    median over the largest size's seeds (``others``: its runs at other seeds)."""
     order = sorted(runs.values(), key=lambda r: r["n"])
     if len(order) < 4:
         return None
     fitted, held = order[:-1], order[-1]
     size = fit_size(fitted, draws=0)
     pred_loss = float(S.power_law(held["n"], **size.coef))
-    smooth = cv.smooth(held["curve"], max(5, held["steps"] // 30) | 1)
+    smooth = _smooth(held)
     target = smooth[int(TARGET_AT * (len(smooth) - 1))]
-    measured = next(i for i, v in enumerate(smooth) if v <= target)
+    seeds = [held, *(others or [])]
+    crossings = [next((i for i, v in enumerate(_smooth(r)) if v <= target), None) for r in seeds]
+    measured = float(np.median([c for c in crossings if c is not None]))
+    final = float(np.median([r["val_loss"] for r in seeds]))
     coef = fit_curve(fitted).coef
     pred_steps = S.steps_to(coef, held["n"], schedule(held), target)
     s1, s2 = S.areas(schedule(held))
@@ -91,10 +110,15 @@ def held_out(runs: dict) -> dict | None:
     return {"curve": {"step": at.tolist(), "measured": [smooth[i] for i in at],
                       "predicted": S.curve_law(held["n"], s1[at - 1], s2[at - 1], **coef).tolist()},
             "curve_coef": coef,"model": held["model"], "n": held["n"], "largest_fitted_n": fitted[-1]["n"],
-            "final_loss": held["val_loss"], "predicted_loss": pred_loss,
-            "final_error": pred_loss / held["val_loss"] - 1, "target": target, "steps": measured,
+            "seeds": [r["seed"] for r in seeds], "final_losses": [r["val_loss"] for r in seeds],
+            "steps_per_seed": crossings, "final_loss": final, "predicted_loss": pred_loss,
+            "final_error": pred_loss / final - 1, "target": target, "steps": measured,
             "predicted_steps": pred_steps,
             "steps_error": None if pred_steps is None else pred_steps / measured - 1}
+
+
+def _smooth(run: dict) -> list[float]:
+    return cv.smooth(run["curve"], max(5, run["steps"] // 30) | 1)
 
 
 def fit_chinchilla(ddp: dict, shorter: list[dict]) -> S.Fit | None:
@@ -145,7 +169,7 @@ def fmt_fit(fit: S.Fit) -> str:
 
 def report(ladder: dict) -> dict:
     """Every fit and check of a stored ladder (JSON-ready)."""
-    chosen, tuned, shorter = pick(list(ladder["runs"].values()))
+    chosen, tuned, shorter, extra = pick(list(ladder["runs"].values()))
     out = {"tuned_lr": tuned, "size_law": {}, "curve_law": {}, "held_out": {}, "points": {}}
     for strategy, models in chosen.items():
         rs = sorted(models.values(), key=lambda r: r["n"])
@@ -154,7 +178,8 @@ def report(ladder: dict) -> dict:
         if len(rs) >= 3:
             out["size_law"][strategy] = fit_size(rs).as_dict()
             out["curve_law"][strategy] = fit_curve(rs).as_dict()
-        out["held_out"][strategy] = held_out(models)
+        largest = max(models.values(), key=lambda r: r["n"])["model"]
+        out["held_out"][strategy] = held_out(models, extra.get(strategy, {}).get(largest))
     chin = fit_chinchilla(chosen.get("ddp", {}), shorter)
     out["chinchilla_ddp"] = None if chin is None else chin.as_dict()
     out["multipliers"] = multipliers(chosen, chin)
@@ -188,9 +213,9 @@ def print_report(out: dict, made_by: list) -> None:
             continue
         steps = "never reached (predicted)" if h["steps_error"] is None else f"{100 * h['steps_error']:+.1f}%"
         print(f"held-out {strategy}: final loss error {100 * h['final_error']:+.1f}%, steps to target error {steps}"
-              f"  ({h['model']}, {h['n'] / h['largest_fitted_n']:.1f}x the largest fitted; loss {h['final_loss']:.4f}"
-              f" predicted {h['predicted_loss']:.4f}; target {h['target']:.3f} at step {h['steps']}, predicted "
-              f"{h['predicted_steps']})")
+              f"  ({h['model']}, {h['n'] / h['largest_fitted_n']:.1f}x the largest fitted, {len(h['seeds'])} seed(s):"
+              f" loss {h['final_loss']:.4f} predicted {h['predicted_loss']:.4f}; target {h['target']:.3f} at step "
+              f"{h['steps']:g}, predicted {h['predicted_steps']})")
 
 
 def fit_args(d: dict) -> dict:

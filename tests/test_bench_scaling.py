@@ -70,6 +70,9 @@ def test_check_recovers_a_ladder_the_laws_made(tmp_path, capsys):
         for lr, strategy, law, st in ((3e-3, "ddp", LAW, steps), (6e-3, "ddp", {**LAW, "E": 4.0}, steps),
                                       (3e-3, "ddp", LAW, steps // 2), (3e-3, "diloco-h10", SLOWER, steps)):
             runs[f"{model}-{strategy}-{lr}-{st}"] = synthetic_run(model, strategy, lr, st, law)
+    steps = B.budget_steps("text-450k", 2)
+    for seed, law in ((1, {**LAW, "E": 2.02}), (2, {**LAW, "E": 1.99})):  # the held-out size's other seeds
+        runs[f"seed{seed}"] = {**synthetic_run("text-450k", "ddp", 3e-3, steps, law), "seed": seed}
     path = tmp_path / "scaling-ladder.json"
     path.write_text(json.dumps({"runs": runs, "made_by": []}))
     assert R.check(path, tmp_path / "fits.png") == 0
@@ -81,4 +84,7 @@ def test_check_recovers_a_ladder_the_laws_made(tmp_path, capsys):
         assert h["model"] == "text-450k" and abs(h["steps_error"]) < 0.05
         assert f"held-out {strategy}: final loss error" in out
     assert all(r["loss_ratio"] > 1 for r in fits["multipliers"]["diloco-h10"])
+    h = fits["held_out"]["ddp"]  # the median over the held-out size's three seeds; the fits use seed 0 only
+    assert h["seeds"] == [0, 1, 2] and h["final_loss"] == sorted(h["final_losses"])[1] == h["final_losses"][0]
+    assert fits["held_out"]["diloco-h10"]["seeds"] == [0]
     assert (tmp_path / "fits.png").stat().st_size > 0
