@@ -106,7 +106,8 @@ def held_out(runs: dict, others: list | None = None) -> dict | None:
     coef = fit_curve(fitted).coef
     pred_steps = S.steps_to(coef, held["n"], schedule(held), target)
     s1, s2 = S.areas(schedule(held))
-    at = np.unique(np.geomspace(1, held["steps"] - 1, 50).astype(int))  # curve[i]: after i updates
+    at = np.unique(np.geomspace(1, len(smooth) - 1, 50).astype(int))  # curve[i]: after i updates (the cooperative
+    # program records fewer steps than training.steps where its allocation gave the last round fewer)
     return {"curve": {"step": at.tolist(), "measured": [smooth[i] for i in at],
                       "predicted": S.curve_law(held["n"], s1[at - 1], s2[at - 1], **coef).tolist()},
             "curve_coef": coef,"model": held["model"], "n": held["n"], "largest_fitted_n": fitted[-1]["n"],
