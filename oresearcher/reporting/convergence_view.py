@@ -34,10 +34,15 @@ def efficiency_text(c: dict) -> str:
     if not e["measured"]:
         return "1 (synchronous data parallel: the law's own regime)"
     if "ladder" in e:
-        return f"{e['multiplier']:.2f}x tokens [{e['low']:.2f}-{e['high']:.2f}], the ladder's {e['ladder']['row']} trend"
+        return f"{_m(e)} tokens, the ladder's {e['ladder']['row']} trend"
     p = e["proxy"]
     return (f"{e['multiplier']:.2f}x tokens [{e['low']:.2f}-{e['high']:.2f}], {p['seeds']} seed"
             f"{'s' if p['seeds'] > 1 else ''} of {p['model']} x {p['steps']} steps")
+
+
+def _m(e: dict) -> str:
+    """A ladder multiplier and its band: 3 significant digits (an extrapolation can be 1e-3)."""
+    return f"{e['multiplier']:.3g}x [{e['low']:.3g}-{e['high']:.3g}]"
 
 
 def size_caution(c: dict) -> list[str]:
@@ -130,12 +135,15 @@ def sweep_table(field: str, values: list, reports: list[dict]) -> Table:
             t.add_row(str(v), f"{r['step_time_s'] * 1e3:,.1f}", c["unavailable"], "", "", "")
             continue
         e, to = c["efficiency"], c.get("to_target") or {}
-        eff = f"{e['multiplier']:.2f} [{e['low']:.2f}-{e['high']:.2f}]" if e["measured"] else "1 (DDP)"
+        eff = (_m(e).replace("x [", " [") if "ladder" in e else f"{e['multiplier']:.2f} [{e['low']:.2f}-{e['high']:.2f}]"
+               ) if e["measured"] else "1 (DDP)"
         steps = "" if not to else ("never" if to["steps"] is None else count(to["steps"]))
         t.add_row(str(v), f"{r['step_time_s'] * 1e3:,.1f}", eff, steps, hours(to.get("time_s")) if to else "",
                   f"{c['final']['loss']:.3f}")
-    t.caption = ("efficiency: effective-token multiplier measured on the proxy, the range over seeds "
-                 "bracketed; steps, time: to the target; final L: loss after training.steps")
+    ladder = any("ladder" in (r["convergence"].get("efficiency") or {}) for r in reports)
+    t.caption = ("efficiency: effective-token multiplier " + ("from the ladder's trend, its 95% prediction interval"
+                 if ladder else "measured on the proxy, the range over seeds") + " bracketed; steps, time: to the "
+                 "target; final L: loss after training.steps")
     cautions = (size_caution(r["convergence"]) for r in reports if "unavailable" not in r["convergence"])
     caution = next((c for c in cautions if c), None)
     if caution:
