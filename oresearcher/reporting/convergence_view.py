@@ -62,9 +62,9 @@ def size_caution(c: dict) -> list[str]:
 
 def ladder_lines(lad: dict) -> list[str]:
     """Where a ladder multiplier comes from, how far it is carried, and the published anchor."""
-    out = [f"  ladder: {lad['file']}, {lad['sizes']} sizes up to N = {lad['largest_n']:,.0f} (non-embedding);",
-           f"  extrapolated {lad['distance']:,.0f}x past the largest (ln m slope {lad['slope']:+.3f} per ln N);",
-           f"  band: {lad['rule']}"]
+    out = [f"  ladder: {lad['file']}",
+           f"  {lad['sizes']} sizes, N up to {lad['largest_n']:,.0f} (non-embedding); read {lad['distance']:,.0f}x past it",
+           f"  ln m slope {lad['slope']:+.3f} per ln N; band: its 95% prediction interval"]
     x = lad.get("ddp_exponents")
     if x:
         out.append(f"  anchor: ladder's data parallel alpha {x['alpha']:.2f}, beta {x['beta']:.2f} "

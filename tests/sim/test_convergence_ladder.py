@@ -48,7 +48,7 @@ def test_the_multiplier_is_the_trend_at_the_scenarios_n_and_nothing_trains(tmp_p
     from oresearcher.reporting.convergence_view import lines
 
     text = "\n".join(lines(sec))
-    assert "the ladder's cooperative trend" in text and f"extrapolated {n / NS[-1]:,.0f}x past the largest" in text
+    assert "the ladder's cooperative trend" in text and f"read {n / NS[-1]:,.0f}x past it" in text
     assert "(Chinchilla 0.34, 0.28)" in text
     assert all(len(line) <= 80 for line in lines(sec) if "fits.json" not in line)  # a path is as long as it is
 
