@@ -89,19 +89,23 @@ def fit_curve(runs: list[dict]) -> S.Fit:
 
 def held_out(runs: dict, others: list | None = None) -> dict | None:
     """Fit on every size but the largest; predict the largest's final loss and steps to a
-    target (the first seed's smoothed loss at :data:`TARGET_AT` of its run); measured: the
-    median over the largest size's seeds (``others``: its runs at other seeds)."""
+    target; measured: the median over the largest size's seeds (``others``: its runs at other
+    seeds). The target is the smoothed loss at :data:`TARGET_AT` of the run of the seed with
+    the median final loss, so the median seed crosses it in its last third; a seed that never
+    crosses counts as past the run."""
     order = sorted(runs.values(), key=lambda r: r["n"])
     if len(order) < 4:
         return None
     fitted, held = order[:-1], order[-1]
     size = fit_size(fitted, draws=0)
     pred_loss = float(S.power_law(held["n"], **size.coef))
-    smooth = _smooth(held)
-    target = smooth[int(TARGET_AT * (len(smooth) - 1))]
     seeds = [held, *(others or [])]
+    middle = sorted(seeds, key=lambda r: r["val_loss"])[(len(seeds) - 1) // 2]  # the median seed's run
+    smooth = _smooth(middle)
+    target = smooth[int(TARGET_AT * (len(smooth) - 1))]
     crossings = [next((i for i, v in enumerate(_smooth(r)) if v <= target), None) for r in seeds]
-    measured = float(np.median([c for c in crossings if c is not None]))
+    measured = float(np.median([math.inf if c is None else c for c in crossings]))  # never: past the run
+    measured = None if math.isinf(measured) else measured  # the median seed never got there
     final = float(np.median([r["val_loss"] for r in seeds]))
     coef = fit_curve(fitted).coef
     pred_steps = S.steps_to(coef, held["n"], schedule(held), target)
@@ -115,7 +119,7 @@ def held_out(runs: dict, others: list | None = None) -> dict | None:
             "steps_per_seed": crossings, "final_loss": final, "predicted_loss": pred_loss,
             "final_error": pred_loss / final - 1, "target": target, "steps": measured,
             "predicted_steps": pred_steps,
-            "steps_error": None if pred_steps is None else pred_steps / measured - 1}
+            "steps_error": None if pred_steps is None or measured is None else pred_steps / measured - 1}
 
 
 def _smooth(run: dict) -> list[float]:
@@ -212,11 +216,12 @@ def print_report(out: dict, made_by: list) -> None:
         if h is None:
             print(f"held-out {strategy}: fewer than 4 sizes, no check")
             continue
-        steps = "never reached (predicted)" if h["steps_error"] is None else f"{100 * h['steps_error']:+.1f}%"
+        steps = ("none: the median seed never reaches the target" if h["steps"] is None else
+                 "none: never reached (predicted)" if h["steps_error"] is None else f"{100 * h['steps_error']:+.1f}%")
         print(f"held-out {strategy}: final loss error {100 * h['final_error']:+.1f}%, steps to target error {steps}"
               f"  ({h['model']}, {h['n'] / h['largest_fitted_n']:.1f}x the largest fitted, {len(h['seeds'])} seed(s):"
               f" loss {h['final_loss']:.4f} predicted {h['predicted_loss']:.4f}; target {h['target']:.3f} at step "
-              f"{h['steps']:g}, predicted {h['predicted_steps']})")
+              f"{'-' if h['steps'] is None else format(h['steps'], 'g')}, predicted {h['predicted_steps']}; seeds' steps {h['steps_per_seed']})")
 
 
 def fit_args(d: dict) -> dict:
