@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -233,7 +234,7 @@ def fit_args(d: dict) -> dict:
 def check(path: Path, figure: Path | None = None) -> int:
     """Print the fits and the held-out check of the ladder at ``path``; write the fits beside it."""
     if not Path(path).is_file():
-        print(f"error: {path}: no ladder results (run with --run)")
+        print(f"error: {path}: no ladder results (train them with --run)", file=sys.stderr)
         return 2
     ladder = read_json(Path(path))
     out = report(ladder)

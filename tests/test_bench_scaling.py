@@ -88,3 +88,8 @@ def test_check_recovers_a_ladder_the_laws_made(tmp_path, capsys):
     assert h["seeds"] == [0, 1, 2] and h["final_loss"] == sorted(h["final_losses"])[1] == h["final_losses"][0]
     assert fits["held_out"]["diloco-h10"]["seeds"] == [0]
     assert (tmp_path / "fits.png").stat().st_size > 0
+
+
+def test_check_without_results_is_one_line_and_exit_2(tmp_path, capsys):
+    assert B.main(["--check", "--results", str(tmp_path / "none.json")]) == 2
+    assert capsys.readouterr().err.strip() == f"error: {tmp_path / 'none.json'}: no ladder results (train them with --run)"
