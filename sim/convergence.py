@@ -215,6 +215,7 @@ def ladder_efficiency(scenario: Scenario) -> tuple[cv.Efficiency | str, dict]:
     info = {"file": scenario.convergence.ladder, "row": row, "sizes": trend.n, "largest_n": trend.largest,
             "distance": n / trend.largest, "slope": trend.b,
             "rule": "95% prediction interval of ln m on ln N (Student's t, n - 2 dof)",
+            "published": LL.direction_line(row, trend.b),
             "ddp_exponents": {k: chin["coef"][k] for k in ("alpha", "beta")} if chin else None}
     return cv.Efficiency(m, low, high, ()), info
 

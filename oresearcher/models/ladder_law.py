@@ -25,6 +25,21 @@ ROWS = {("ddp", "int8", None): "ddp-int8", ("diloco", "none", 10): "diloco-h10",
         ("oresearcher", "none", None): "cooperative"}
 
 
+# the published direction of a row's gap to data parallel with model size, where there is one:
+# Charles et al. 2025 (arXiv 2503.09799), abstract: "DiLoCo scales better than data-parallel
+# training with model size" (35M to 2.4B parameters; tests/data/diloco_published.csv)
+PUBLISHED = {"diloco-h10": ("2503.09799, 35M-2.4B", 1), "diloco-h50": ("2503.09799, 35M-2.4B", 1)}
+
+
+def direction_line(row: str, slope: float) -> str | None:
+    """One line: the published direction of ``row``'s multiplier with N beside the ladder's."""
+    pub = PUBLISHED.get(row)
+    if pub is None:
+        return None
+    say = {1: "rises", -1: "falls"}
+    return f"published ({pub[0]}): m {say[pub[1]]} with N; the ladder's {say[1 if slope > 0 else -1]}"
+
+
 def row_for(strategy: str, kind: str, local_steps: int) -> str | None:
     """The ladder row that measured this strategy with these settings, or None; ``kind`` is
     the codec's: "none", a dense codec's name ("int8"), or "other" (sparse, error feedback)."""

@@ -65,6 +65,8 @@ def ladder_lines(lad: dict) -> list[str]:
     out = [f"  ladder: {lad['file']}",
            f"  {lad['sizes']} sizes, N up to {lad['largest_n']:,.0f} (non-embedding); read {lad['distance']:,.0f}x past it",
            f"  ln m slope {lad['slope']:+.3f} per ln N; band: its 95% prediction interval"]
+    if lad.get("published"):
+        out.append(f"  {lad['published']}")
     x = lad.get("ddp_exponents")
     if x:
         out.append(f"  anchor: ladder's data parallel alpha {x['alpha']:.2f}, beta {x['beta']:.2f} "

@@ -69,6 +69,13 @@ def test_int8_data_parallel_reads_its_own_row(tmp_path):
     assert isinstance(why, str) and "for oresearcher" in why
 
 
+def test_diloco_prints_the_published_direction_beside_the_ladders():
+    assert LL.direction_line("diloco-h10", -0.7) == ("published (2503.09799, 35M-2.4B): m rises with N; "
+                                                     "the ladder's falls")
+    assert LL.direction_line("diloco-h50", 0.1).endswith("the ladder's rises")
+    assert LL.direction_line("cooperative", 0.1) is None  # nothing published
+
+
 def test_an_unreadable_ladder_is_a_user_error(tmp_path):
     (tmp_path / "bad.json").write_text("{not json")
     with pytest.raises(UserError, match="convergence.ladder"):
