@@ -3,6 +3,7 @@ held-out size predicted by them.
 
     OMP_NUM_THREADS=1 python benchmarks/bench_scaling.py --check      # the committed ladder: fits, held-out check
     OMP_NUM_THREADS=1 python benchmarks/bench_scaling.py --run        # train what the ladder lacks, then --check
+    OMP_NUM_THREADS=1 python benchmarks/bench_scaling.py --run --tpp 2 --held-out-seeds 3   # the committed, reduced ladder
     OMP_NUM_THREADS=1 python benchmarks/bench_scaling.py --run --sizes text-25k,text-50k --steps 30 \\
         --results /tmp/ladder.json                                     # a quick look (what the tests run)
 
