@@ -163,6 +163,8 @@ def efficiency(scenario: Scenario, log=None) -> cv.Efficiency | str:
         return why
     if is_baseline(scenario):
         return cv.Efficiency.of([1.0])
+    if scenario.convergence.ladder:
+        return ladder_efficiency(scenario)[0]
     from oresearcher.programs.divergence import AllExcluded, Diverged
 
     spec, per_seed = scenario.convergence, []
@@ -183,6 +185,41 @@ def efficiency(scenario: Scenario, log=None) -> cv.Efficiency | str:
     return cv.Efficiency.of(per_seed)
 
 
+def read_ladder(scenario: Scenario) -> dict:
+    """The fits file ``convergence.ladder`` names (relative paths from the working directory)."""
+    from oresearcher.files import Unreadable, read_json
+
+    path = Path(scenario.convergence.ladder)
+    try:
+        return read_json(path)
+    except (OSError, Unreadable, ValueError) as e:
+        raise UserError(f"convergence.ladder {path}: cannot read it ({getattr(e, 'strerror', None) or e})") from None
+
+
+def ladder_efficiency(scenario: Scenario) -> tuple[cv.Efficiency | str, dict]:
+    """The strategy's multiplier from the ladder's trend at the scenario's N, with the
+    trend's 95% prediction interval as the band (:mod:`oresearcher.models.ladder_law`), and
+    what the section says about it; or one line saying why there is none."""
+    from oresearcher.models import ladder_law as LL
+
+    fits, t, codec = read_ladder(scenario), scenario.training, scenario.communication.codec
+    kind = "none" if codec.is_none else codec.dense.name if codec.sparse is None and not codec.feedback else "other"
+    row = LL.row_for(t.strategy, kind, t.local_steps)
+    trend = LL.trends(fits).get(row) if row else None
+    if trend is None:
+        return (f"no prediction: the ladder ({scenario.convergence.ladder}) has no row with 3 or more sizes for "
+                f"{t.strategy} (rows: {', '.join(LL.trends(fits)) or 'none'})"), {}
+    n = n_params(scenario.workload.model)
+    m, low, high = trend.predict(n)
+    chin = fits.get("chinchilla_ddp") or {}
+    info = {"file": scenario.convergence.ladder, "row": row, "sizes": trend.n, "largest_n": trend.largest,
+            "distance": n / trend.largest, "slope": trend.b,
+            "rule": "95% prediction interval of ln m on ln N (Student's t, n - 2 dof)",
+            "published": LL.direction_line(row, trend.b),
+            "ddp_exponents": {k: chin["coef"][k] for k in ("alpha", "beta")} if chin else None}
+    return cv.Efficiency(m, low, high, ()), info
+
+
 def _proxy_runs(scenario: Scenario) -> list[tuple[dict, dict]]:
     """(data parallel's, the strategy's) proxy scenario per seed."""
     return [(proxy_data(scenario, scenario.seed + k, strategy="ddp", codec="none"), proxy_data(scenario, scenario.seed + k))
@@ -200,6 +237,8 @@ def proxy_note(scenario: Scenario) -> str | None:
     from .numeric_cost import REFUSE_S, host_rate, numeric_flops
 
     if scenario.convergence is None or no_prediction(scenario) or is_baseline(scenario):
+        return None
+    if scenario.convergence.ladder:  # the ladder's laws, read from its file: nothing trains
         return None
     root = cache_root(scenario)
     runs = [d for pair in _proxy_runs(scenario) for d in pair]
@@ -246,9 +285,7 @@ def section(scenario: Scenario, step_time_s: float, log=None) -> dict:
     n, tps = n_params(w.model), w.global_batch * w.seq_len
     out.update(n_params=n, tokens_per_step=tps, floor_loss=cv.floor(law, n), efficiency={
         "multiplier": eff.multiplier, "low": eff.low, "high": eff.high, "per_seed": list(eff.per_seed),
-        "measured": not is_baseline(scenario),
-        "proxy": {"model": spec.proxy_model, "n_params": n_params(spec.proxy_model), "steps": spec.proxy_steps,
-                  "seeds": spec.proxy_seeds, "seq_len": spec.proxy_seq_len}})
+        "measured": not is_baseline(scenario), **_source(scenario)})
     budget = scenario.training.steps * tps
     out["final"] = {"tokens": budget, "time_s": scenario.training.steps * step_time_s,
                     **_band(lambda m: cv.loss(law, n, budget, m), eff)}
@@ -269,6 +306,15 @@ def section(scenario: Scenario, step_time_s: float, log=None) -> dict:
     out["curve"] = [{"step": s, "tokens": s * tps, "time_s": s * step_time_s,
                      **_band(lambda m: cv.loss(law, n, s * tps, m), eff)} for s in _grid(horizon)]
     return out
+
+
+def _source(scenario: Scenario) -> dict:
+    """Where the multiplier comes from: the proxy's settings, or the ladder's row."""
+    spec = scenario.convergence
+    if spec.ladder and not is_baseline(scenario):
+        return {"ladder": ladder_efficiency(scenario)[1]}
+    return {"proxy": {"model": spec.proxy_model, "n_params": n_params(spec.proxy_model), "steps": spec.proxy_steps,
+                      "seeds": spec.proxy_seeds, "seq_len": spec.proxy_seq_len}}
 
 
 def _band(f, eff: cv.Efficiency) -> dict:

@@ -106,6 +106,7 @@ PRESETS: dict[str, ModelConfig] = {
     # context; named by non-embedding parameters (12 d^2 per layer plus biases and norms), the
     # count Kaplan et al. (2020) fit scaling laws to. Heads of 16-32 dimensions.
     "text-25k": _gpt(2, 2, 32, vocab=1024, ctx=128),
+    "text-50k": _gpt(2, 3, 45, vocab=1024, ctx=128),  # the scaling ladder's second rung (bench_scaling)
     "text-100k": _gpt(2, 4, 64, vocab=1024, ctx=128),
     "text-230k": _gpt(3, 5, 80, vocab=1024, ctx=128),
     "text-450k": _gpt(4, 6, 96, vocab=1024, ctx=128),

@@ -33,9 +33,16 @@ def efficiency_text(c: dict) -> str:
     e = c["efficiency"]
     if not e["measured"]:
         return "1 (synchronous data parallel: the law's own regime)"
+    if "ladder" in e:
+        return f"{_m(e)} tokens, the ladder's {e['ladder']['row']} trend"
     p = e["proxy"]
     return (f"{e['multiplier']:.2f}x tokens [{e['low']:.2f}-{e['high']:.2f}], {p['seeds']} seed"
             f"{'s' if p['seeds'] > 1 else ''} of {p['model']} x {p['steps']} steps")
+
+
+def _m(e: dict) -> str:
+    """A ladder multiplier and its band: 3 significant digits (an extrapolation can be 1e-3)."""
+    return f"{e['multiplier']:.3g}x [{e['low']:.3g}-{e['high']:.3g}]"
 
 
 def size_caution(c: dict) -> list[str]:
@@ -44,11 +51,27 @@ def size_caution(c: dict) -> list[str]:
     from oresearcher.models.convergence import CHECKED_SIZE_RATIO
 
     e = c["efficiency"]
+    if "ladder" in e:
+        return ladder_lines(e["ladder"])
     ratio = c["n_params"] / e["proxy"]["n_params"] if e["measured"] else 0.0
     if ratio <= CHECKED_SIZE_RATIO:
         return []
     return [f"  caution: the proxy is {ratio:,.0f}x smaller than the model; the held-out check",
             f"  covers {CHECKED_SIZE_RATIO:g}x, and there every multiplier fell with size (docs/convergence.md)"]
+
+
+def ladder_lines(lad: dict) -> list[str]:
+    """Where a ladder multiplier comes from, how far it is carried, and the published anchor."""
+    out = [f"  ladder: {lad['file']}",
+           f"  {lad['sizes']} sizes, N up to {lad['largest_n']:,.0f} (non-embedding); read {lad['distance']:,.0f}x past it",
+           f"  ln m slope {lad['slope']:+.3f} per ln N; band: its 95% prediction interval"]
+    if lad.get("published"):
+        out.append(f"  {lad['published']}")
+    x = lad.get("ddp_exponents")
+    if x:
+        out.append(f"  anchor: ladder's data parallel alpha {x['alpha']:.2f}, beta {x['beta']:.2f} "
+                   "(Chinchilla 0.34, 0.28)")
+    return out
 
 
 def lines(c: dict) -> list[str]:
@@ -114,12 +137,15 @@ def sweep_table(field: str, values: list, reports: list[dict]) -> Table:
             t.add_row(str(v), f"{r['step_time_s'] * 1e3:,.1f}", c["unavailable"], "", "", "")
             continue
         e, to = c["efficiency"], c.get("to_target") or {}
-        eff = f"{e['multiplier']:.2f} [{e['low']:.2f}-{e['high']:.2f}]" if e["measured"] else "1 (DDP)"
+        eff = (_m(e).replace("x [", " [") if "ladder" in e else f"{e['multiplier']:.2f} [{e['low']:.2f}-{e['high']:.2f}]"
+               ) if e["measured"] else "1 (DDP)"
         steps = "" if not to else ("never" if to["steps"] is None else count(to["steps"]))
         t.add_row(str(v), f"{r['step_time_s'] * 1e3:,.1f}", eff, steps, hours(to.get("time_s")) if to else "",
                   f"{c['final']['loss']:.3f}")
-    t.caption = ("efficiency: effective-token multiplier measured on the proxy, the range over seeds "
-                 "bracketed; steps, time: to the target; final L: loss after training.steps")
+    ladder = any("ladder" in (r["convergence"].get("efficiency") or {}) for r in reports)
+    t.caption = ("efficiency: effective-token multiplier " + ("from the ladder's trend, its 95% prediction interval"
+                 if ladder else "measured on the proxy, the range over seeds") + " bracketed; steps, time: to the "
+                 "target; final L: loss after training.steps")
     cautions = (size_caution(r["convergence"]) for r in reports if "unavailable" not in r["convergence"])
     caution = next((c for c in cautions if c), None)
     if caution:

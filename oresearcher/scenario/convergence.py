@@ -56,6 +56,10 @@ class ConvergenceSpec(Strict):
     proxy_seeds: Int = Field(3, ge=1, le=10, description="proxy seeds; their spread is the band")
     cache_dir: str = Field("runs/.convergence-cache", min_length=1, max_length=500,
                            description="where proxy results are kept, keyed by their inputs")
+    ladder: Optional[str] = Field(None, min_length=1, max_length=500, description="a measured size ladder's fits "
+                                  "(benchmarks/results/scaling-fits.json, written by benchmarks/bench_scaling.py "
+                                  "--check): the strategy's multiplier comes from its trend with model size there, "
+                                  "extrapolated, instead of a proxy run (docs/scaling.md); unset: the proxy")
 
     @field_validator("proxy_model")
     @classmethod

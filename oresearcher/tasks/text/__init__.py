@@ -26,7 +26,7 @@ from __future__ import annotations
 from ..spec import Task
 from .options import TextOptions
 
-MODELS = ("text-25k", "text-100k", "text-230k", "text-450k", "text-800k", "text-1.5m")
+MODELS = ("text-25k", "text-50k", "text-100k", "text-230k", "text-450k", "text-800k", "text-1.5m")
 # how raw inputs become model inputs (written into an exported model's JSON, oresearcher.export)
 PREPROCESSING = {"input": "UTF-8 text", "tokenizer": "tokenizer.json (byte-level BPE)",
                  "output": "next-token logits"}

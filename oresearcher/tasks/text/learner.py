@@ -110,14 +110,57 @@ class TextLearner(TorchLearner):
         self.tokens_per_step = mb * w.seq_len
         self._scratch, self._fwd_per_row = {}, fwd / mb
         self.eval_flops = self._fwd_per_row * len(self.val_rows)
+        self.opt_steps = 0  # optimizer steps taken: the learning-rate schedule's clock
 
     def state_dict(self) -> dict:
-        return {**super().state_dict(), "data": self.batches.inner.state_dict()}
+        out = {**super().state_dict(), "data": self.batches.inner.state_dict()}
+        return {**out, "opt_steps": self.opt_steps} if self.scheduled else out
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         if "data" in state:
             self.batches.inner.load_state_dict(state["data"])
+        self.opt_steps = int(state.get("opt_steps", 0))
+
+    # ---- the learning-rate schedule (options.lr_schedule) --------------------------------
+
+    @property
+    def scheduled(self) -> bool:
+        return self.scenario.workload.options.lr_schedule != "constant"
+
+    def lr_factor(self) -> float:
+        """The schedule's factor at this optimizer step (1 for ``constant``): the pretraining
+        recipe's warm-up and cosine over ``training.steps`` (:func:`.pretrain.lr_at`)."""
+        if not self.scheduled:
+            return 1.0
+        from .pretrain import lr_at
+
+        return lr_at(self.opt_steps, self.scenario.training.steps, 1.0)
+
+    def _scaled_step(self, step, *args) -> None:
+        """``step(*args)`` with every group's rate times :meth:`lr_factor`, restored after:
+        the program keeps setting the base rate (roles, PBT) as it does without a schedule."""
+        f = self.lr_factor()
+        groups = self.optimizer.param_groups
+        base = [g["lr"] for g in groups]
+        for g in groups:
+            g["lr"] = g["lr"] * f
+        try:
+            step(*args)
+        finally:
+            for g, lr in zip(groups, base):
+                g["lr"] = lr
+            self.opt_steps += 1
+
+    def optimizer_step(self) -> None:
+        if not self.scheduled:
+            return super().optimizer_step()
+        self._scaled_step(super().optimizer_step)
+
+    def apply_grads(self, buckets) -> None:
+        if not self.scheduled:
+            return super().apply_grads(buckets)
+        self._scaled_step(super().apply_grads, buckets)
 
     @property
     def epochs(self) -> float:

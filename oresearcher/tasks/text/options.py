@@ -67,6 +67,10 @@ class TextOptions(Strict):
     dropout: tuple[Float, Float] = Field((0.0, 0.1), description="each agent's residual dropout is drawn "
                                          "uniformly from this range by the scenario seed (heterogeneous clones)")
     eval_tokens: Int = Field(8192, ge=128, le=10**8, description="validation tokens each evaluation scores")
+    lr_schedule: Literal["constant", "cosine"] = Field(
+        "constant", description="constant: training.lr throughout; cosine: linear warm-up over the first 10% of "
+        "training.steps, then cosine decay to 10% (the pretraining recipe), scaling whatever rate the program "
+        "sets (a role's, PBT's) at each optimizer step")
     mc_questions: Int = Field(100, ge=1, le=100_000, description="multiple-choice questions of the benchmark")
     mc_choices: Int = Field(4, ge=2, le=16, description="choices per question (chance = 1 / choices)")
     cache_dir: Optional[str] = Field(None, max_length=4096, description="prepared corpora and bases "

@@ -1,0 +1,56 @@
+"""The figure of bench_scaling --check --figure PATH: each strategy's validation loss against
+non-embedding parameters with its fitted size law, the held-out size marked; each
+strategy's loss ratio to data parallel against N; the held-out size's training curve
+beside the whole-curve law fitted on the other sizes, the target dotted."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from oresearcher.files import save_figure
+from oresearcher.models import scaling_laws as S
+
+
+def draw(out: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax, bx, cx) = plt.subplots(1, 3, figsize=(16, 4.4))
+    for k, (strategy, pts) in enumerate(out["points"].items()):
+        color = f"C{k}"
+        n = np.array([p["n"] for p in pts], float)
+        ax.plot(n, [p["val_loss"] for p in pts], "o", color=color, label=strategy)
+        fit = out["size_law"].get(strategy)
+        if fit:
+            grid = np.geomspace(n.min() / 1.5, n.max() * 4, 80)
+            ax.plot(grid, S.power_law(grid, **fit["coef"]), "-", color=color, lw=1)
+        h = out["held_out"].get(strategy)
+        if h:
+            ax.plot([h["n"]], [h["predicted_loss"]], "x", color=color, ms=9)
+            c = h["curve"]
+            cx.plot(c["step"], c["measured"], "-", color=color, lw=1.2, label=f"{strategy} measured")
+            cx.plot(c["step"], c["predicted"], "--", color=color, lw=1, label=f"{strategy} predicted")
+            cx.axhline(h["target"], color=color, lw=0.5, ls=":")
+        rows = out["multipliers"].get(strategy, [])
+        key = "m" if rows and all("m" in r for r in rows) else "loss_ratio"
+        if strategy != "ddp" and rows:
+            bx.plot([r["n"] for r in rows], [r[key] for r in rows], "o-", color=color, label=strategy)
+    ax.set(xscale="log", xlabel="non-embedding parameters N", ylabel="validation loss (nats/token)",
+           title="size laws L(N) = A N^-alpha + C (x: held-out prediction)")
+    ax.legend(fontsize=8)
+    bx.axhline(1.0, color="black", lw=0.8)
+    bx.set(xscale="log", xlabel="non-embedding parameters N",
+           ylabel="effective-token multiplier m (else loss / data parallel's)",
+           title="each strategy against data parallel, by size")
+    if bx.get_legend_handles_labels()[0]:
+        bx.legend(fontsize=8)
+    cx.set(xscale="log", xlabel="step", ylabel="training loss (nats/token), smoothed",
+           title="held-out size: its curve against the whole-curve law")
+    if cx.get_legend_handles_labels()[0]:
+        cx.legend(fontsize=7)
+    fig.tight_layout()
+    save_figure(fig, Path(path), dpi=110)
+    plt.close(fig)

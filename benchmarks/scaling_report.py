@@ -1,0 +1,252 @@
+"""The reading half of bench_scaling: the ladder's stored runs -> fitted laws, intervals,
+residuals, the held-out check, the figure. Trains nothing (docs/scaling.md).
+
+Which run stands for (strategy, size): the full-budget runs (the most steps stored); for data
+parallel the one of them with the lowest validation loss, its rate the size's tuned rate; for
+every other strategy the full-budget run at that rate. Data parallel's shorter runs at the
+tuned rate are Chinchilla's other D.
+"""
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from oresearcher.files import read_json, write_text
+from oresearcher.models import convergence as cv
+from oresearcher.models import scaling_laws as S
+from oresearcher.tasks.text.pretrain import lr_at
+
+CURVE_POINTS = 60  # points per curve the whole-curve law is fitted to (log-spaced after warm-up)
+DRAWS = 200  # bootstrap draws of each size law
+TARGET_AT = 5 / 6  # the target: the held-out run's smoothed loss here, inside its last third
+
+
+def pick(runs: list[dict]) -> tuple[dict, dict, list, dict]:
+    """({strategy: {model: run}}, {model: tuned rate}, data parallel's shorter runs,
+    {strategy: {model: [the same run at other seeds]}}). Tuning and the fits use the
+    first seed; other seeds (the held-out size's, ``--held-out-seeds``) join the check."""
+    base = min((r["seed"] for r in runs), default=0)
+    by, extra = {}, {}
+    for r in (r for r in runs if r["seed"] == base):
+        by.setdefault(r["strategy"], {}).setdefault(r["model"], []).append(r)
+    chosen, tuned, shorter = _tune(by)
+    for r in runs:
+        c = chosen.get(r["strategy"], {}).get(r["model"])
+        if r["seed"] != base and c and r["lr"] == c["lr"] and r["steps"] == c["steps"]:
+            extra.setdefault(r["strategy"], {}).setdefault(r["model"], []).append(r)
+    return chosen, tuned, shorter, extra
+
+
+def _tune(by: dict) -> tuple[dict, dict, list]:
+    """Data parallel's best full-budget rate per size, the run standing for each (strategy,
+    size) at it, and data parallel's shorter runs at it."""
+    tuned, chosen, shorter = {}, {}, []
+    for model, rs in by.get("ddp", {}).items():
+        full = max(r["steps"] for r in rs)
+        best = min((r for r in rs if r["steps"] == full), key=lambda r: r["val_loss"])
+        tuned[model] = best["lr"]
+        shorter += [r for r in rs if r["steps"] < full and r["lr"] == best["lr"]]
+    for strategy, models in by.items():
+        for model, rs in models.items():
+            ok = [r for r in rs if r["lr"] == tuned.get(model)]
+            if ok:
+                full = max(r["steps"] for r in ok)
+                chosen.setdefault(strategy, {})[model] = next(r for r in ok if r["steps"] == full)
+    return chosen, tuned, shorter
+
+
+def schedule(run: dict) -> np.ndarray:
+    """The rates of a run's optimizer steps (the base rate: roles scale it further)."""
+    return np.array([lr_at(i, run["steps"], run["lr"]) for i in range(run["steps"])])
+
+
+def curve_points(run: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(S1, S2, loss) at log-spaced steps after warm-up; curve[i] is the loss after i updates."""
+    s1, s2 = S.areas(schedule(run))
+    loss = np.asarray(run["curve"], float)
+    first = max(1, int(round(0.1 * run["steps"])))
+    idx = np.unique(np.geomspace(first, len(loss) - 1, CURVE_POINTS).astype(int))
+    return s1[idx - 1], s2[idx - 1], loss[idx]
+
+
+def fit_size(runs: list[dict], draws: int = DRAWS) -> S.Fit:
+    n = np.array([r["n"] for r in runs], float)
+    loss = np.array([r["val_loss"] for r in runs], float)
+    fit = S.fit_power(n, loss)
+    if len(runs) <= 3 or draws == 0:  # as many coefficients as points: no residual scatter to resample
+        return fit
+    return S.bootstrap(lambda x, y: S.fit_power(x, y, grid=S.grid_near(fit)), (n,), loss, fit, draws=draws)
+
+
+def fit_curve(runs: list[dict]) -> S.Fit:
+    cols = [(np.full(len(p[0]), r["n"]),) + p for r in runs for p in [curve_points(r)]]
+    n, s1, s2, loss = (np.concatenate(c) for c in zip(*cols))
+    return S.fit_curves(n, s1, s2, loss)
+
+
+def held_out(runs: dict, others: list | None = None) -> dict | None:
+    """Fit on every size but the largest; predict the largest's final loss and steps to a
+    target; measured: the median over the largest size's seeds (``others``: its runs at other
+    seeds). The target is the smoothed loss at :data:`TARGET_AT` of the run of the seed with
+    the median final loss, so the median seed crosses it in its last third; a seed that never
+    crosses counts as past the run."""
+    order = sorted(runs.values(), key=lambda r: r["n"])
+    if len(order) < 4:
+        return None
+    fitted, held = order[:-1], order[-1]
+    size = fit_size(fitted, draws=0)
+    pred_loss = float(S.power_law(held["n"], **size.coef))
+    seeds = [held, *(others or [])]
+    middle = sorted(seeds, key=lambda r: r["val_loss"])[(len(seeds) - 1) // 2]  # the median seed's run
+    smooth = _smooth(middle)
+    target = smooth[int(TARGET_AT * (len(smooth) - 1))]
+    crossings = [next((i for i, v in enumerate(_smooth(r)) if v <= target), None) for r in seeds]
+    measured = float(np.median([math.inf if c is None else c for c in crossings]))  # never: past the run
+    measured = None if math.isinf(measured) else measured  # the median seed never got there
+    final = float(np.median([r["val_loss"] for r in seeds]))
+    coef = fit_curve(fitted).coef
+    pred_steps = S.steps_to(coef, held["n"], schedule(held), target)
+    s1, s2 = S.areas(schedule(held))
+    at = np.unique(np.geomspace(1, len(smooth) - 1, 50).astype(int))  # curve[i]: after i updates (the cooperative
+    # program records fewer steps than training.steps where its allocation gave the last round fewer)
+    return {"curve": {"step": at.tolist(), "measured": [smooth[i] for i in at],
+                      "predicted": S.curve_law(held["n"], s1[at - 1], s2[at - 1], **coef).tolist()},
+            "curve_coef": coef,"model": held["model"], "n": held["n"], "largest_fitted_n": fitted[-1]["n"],
+            "seeds": [r["seed"] for r in seeds], "final_losses": [r["val_loss"] for r in seeds],
+            "steps_per_seed": crossings, "final_loss": final, "predicted_loss": pred_loss,
+            "final_error": pred_loss / final - 1, "target": target, "steps": measured,
+            "predicted_steps": pred_steps,
+            "steps_error": None if pred_steps is None or measured is None else pred_steps / measured - 1}
+
+
+def _smooth(run: dict) -> list[float]:
+    return cv.smooth(run["curve"], max(5, run["steps"] // 30) | 1)
+
+
+def fit_chinchilla(ddp: dict, shorter: list[dict]) -> S.Fit | None:
+    pts = list(ddp.values()) + shorter
+    if len({r["steps"] / r["n"] for r in pts}) < 2 or len(pts) < 6:
+        return None  # one D per N: Chinchilla's two terms cannot be told apart
+    n = np.array([r["n"] for r in pts], float)
+    d = np.array([r["steps"] * r["tokens_per_step"] for r in pts], float)
+    loss = np.array([r["val_loss"] for r in pts], float)
+    fit = S.fit_chinchilla(n, d, loss)
+    return S.bootstrap(lambda a, b, y: S.fit_chinchilla(a, b, y, grid=S.grid_near(fit)), (n, d), loss, fit,
+                       draws=DRAWS // 2)
+
+
+def multipliers(chosen: dict, chin: S.Fit | None) -> dict:
+    """Per strategy and size: the loss ratio to data parallel and, through data parallel's
+    Chinchilla fit, the effective-token multiplier m: the tokens the fit says data parallel
+    needs for the strategy's loss over those it says data parallel needs for its own (1 for
+    data parallel; the law's residual cancels)."""
+    out, ddp = {}, chosen.get("ddp", {})
+    for strategy, models in chosen.items():
+        for model, r in sorted(models.items(), key=lambda kv: kv[1]["n"]):
+            if model not in ddp:
+                continue
+            row = {"n": r["n"], "loss_ratio": r["val_loss"] / ddp[model]["val_loss"]}
+            if chin is not None:
+                row["m"] = tokens_for(chin.coef, r["n"], r["val_loss"]) / tokens_for(chin.coef, r["n"],
+                                                                                     ddp[model]["val_loss"])
+            out.setdefault(strategy, []).append(row)
+    return out
+
+
+def tokens_for(c: dict, n: float, loss: float) -> float:
+    """D with E + A / n^alpha + B / D^beta = loss (inf at or below the size's floor)."""
+    gap = loss - c["E"] - c["A"] / n ** c["alpha"]
+    return (c["B"] / gap) ** (1 / c["beta"]) if gap > 0 else math.inf
+
+
+def fmt_fit(fit: S.Fit) -> str:
+    parts = []
+    for k, v in fit.coef.items():
+        lo_hi = fit.interval.get(k)
+        parts.append(f"{k} {v:.4g}" + (f" [{lo_hi[0]:.4g}, {lo_hi[1]:.4g}]" if lo_hi else ""))
+    res = np.abs(np.asarray(fit.residuals))
+    return (f"{', '.join(parts)}; residuals |log| max {res.max():.4f}, rms {math.sqrt(np.mean(res ** 2)):.4f}; "
+            f"{fit.converged}/{fit.starts} starts at the optimum")
+
+
+def report(ladder: dict) -> dict:
+    """Every fit and check of a stored ladder (JSON-ready)."""
+    chosen, tuned, shorter, extra = pick(list(ladder["runs"].values()))
+    out = {"tuned_lr": tuned, "size_law": {}, "curve_law": {}, "held_out": {}, "points": {}}
+    for strategy, models in chosen.items():
+        rs = sorted(models.values(), key=lambda r: r["n"])
+        out["points"][strategy] = [{"model": r["model"], "n": r["n"], "tokens": r["steps"] * r["tokens_per_step"],
+                                    "val_loss": r["val_loss"], "lr": r["lr"]} for r in rs]
+        if len(rs) >= 3:
+            out["size_law"][strategy] = fit_size(rs).as_dict()
+            out["curve_law"][strategy] = fit_curve(rs).as_dict()
+        largest = max(models.values(), key=lambda r: r["n"])["model"]
+        out["held_out"][strategy] = held_out(models, extra.get(strategy, {}).get(largest))
+    chin = fit_chinchilla(chosen.get("ddp", {}), shorter)
+    out["chinchilla_ddp"] = None if chin is None else chin.as_dict()
+    out["multipliers"] = multipliers(chosen, chin)
+    return out
+
+
+def print_report(out: dict, made_by: list) -> None:
+    for m in made_by:
+        print(f"ladder made by: {m['command']} (commit {m['commit'][:10]}, host {m['host']}, torch {m['torch']})")
+    print("tuned rates (data parallel): " + ", ".join(f"{k} {v:g}" for k, v in
+                                                      sorted(out["tuned_lr"].items(), key=lambda kv: kv[1])))
+    for strategy, pts in out["points"].items():
+        print(f"{strategy:12s} " + "  ".join(f"{p['model']} {p['val_loss']:.4f}" for p in pts))
+    for strategy, fit in out["size_law"].items():
+        print(f"size law {strategy}: L(N) = A N^-alpha + C: {fmt_fit(S.Fit(**fit_args(fit)))}")
+    for strategy, fit in out["curve_law"].items():
+        print(f"curve law {strategy}: {fit['form']}: " + ", ".join(f"{k} {v:.4g}" for k, v in fit["coef"].items()))
+    chin = out["chinchilla_ddp"]
+    if chin:
+        print(f"Chinchilla form, data parallel: {fmt_fit(S.Fit(**fit_args(chin)))}")
+        print(f"  beside Hoffmann et al. 2022 (their data, tokenizer, N with embeddings): alpha "
+              f"{chin['coef']['alpha']:.3f} vs 0.34, beta {chin['coef']['beta']:.3f} vs 0.28")
+    for strategy, rows in out["multipliers"].items():
+        if strategy != "ddp":
+            print(f"{strategy} vs data parallel: " + "  ".join(
+                f"N {r['n']:,}: loss x{r['loss_ratio']:.4f}" + (f", m {r['m']:.2f}" if "m" in r else "")
+                for r in rows))
+    for strategy, h in out["held_out"].items():
+        if h is None:
+            print(f"held-out {strategy}: fewer than 4 sizes, no check")
+            continue
+        steps = ("none: the median seed never reaches the target" if h["steps"] is None else
+                 "none: never reached (predicted)" if h["steps_error"] is None else f"{100 * h['steps_error']:+.1f}%")
+        print(f"held-out {strategy}: final loss error {100 * h['final_error']:+.1f}%, steps to target error {steps}"
+              f"  ({h['model']}, {h['n'] / h['largest_fitted_n']:.1f}x the largest fitted, {len(h['seeds'])} seed(s):"
+              f" loss {h['final_loss']:.4f} predicted {h['predicted_loss']:.4f}; target {h['target']:.3f} at step "
+              f"{'-' if h['steps'] is None else format(h['steps'], 'g')}, predicted {h['predicted_steps']}; seeds' steps {h['steps_per_seed']})")
+
+
+def fit_args(d: dict) -> dict:
+    return {"form": d["form"], "coef": d["coef"], "objective": d["objective"], "starts": d["starts"],
+            "converged": d["converged"], "residuals": tuple(d["residuals"]),
+            "interval": {k: tuple(v) for k, v in d["interval"].items()}}
+
+
+def check(path: Path, figure: Path | None = None) -> int:
+    """Print the fits and the held-out check of the ladder at ``path``; write the fits beside it."""
+    if not Path(path).is_file():
+        print(f"error: {path}: no ladder results (train them with --run)", file=sys.stderr)
+        return 2
+    ladder = read_json(Path(path))
+    out = report(ladder)
+    print_report(out, ladder.get("made_by", []))
+    fits = Path(path).with_name(Path(path).stem.replace("ladder", "fits") + ".json")
+    if fits == Path(path):
+        fits = Path(path).with_suffix(".fits.json")
+    write_text(fits, json.dumps({"source": str(path), **out}, indent=1, sort_keys=True) + "\n")
+    print(f"wrote {fits}")
+    if figure is not None:
+        from scaling_figure import draw
+
+        draw(out, figure)
+        print(f"wrote {figure}")
+    return 0
