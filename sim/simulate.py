@@ -207,7 +207,7 @@ def simulate(scenario: Scenario, *, mode: str | None = None, on_step=None,
 
 def prediction_band(report: dict, half_widths: dict) -> dict:
     """The band around the step time and the overhead (oresearcher/calibration/band.py)."""
-    from oresearcher.calibration.band import band
+    from oresearcher.reporting.compare import band
 
     return {"half_width": dict(half_widths),
             "step_time_s": list(band(report["step_time_s"], half_widths["step_time"])),

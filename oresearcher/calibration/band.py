@@ -28,6 +28,8 @@ import math
 import statistics
 from pathlib import Path
 
+from ..reporting.compare import band  # noqa: F401  (the band itself: the simulator reads it there)
+
 Z = 2.0  # half widths in standard deviations of the difference (about 95%)
 USEFUL = 0.20  # wider than +-20%, a prediction no longer tells configurations apart
 BLOCKS = 5
@@ -103,6 +105,3 @@ def contention_change(load_before: float, load_after: float, cores: int) -> floa
     return abs(b - a) / ((a + b) / 2)
 
 
-def band(value: float, half_width: float) -> tuple[float, float]:
-    """(low, high) of a band of relative ``half_width`` around ``value``."""
-    return value * max(0.0, 1.0 - half_width), value * (1.0 + half_width)

@@ -160,6 +160,12 @@ def worst_headline(rows: list[dict]) -> float:
 BAND_FIGURES = (("step_time_s", "step time", "s", "step_time"), ("comm_overhead", "overhead", "%", "comm_overhead"))
 
 
+def band(value: float, half_width: float) -> tuple[float, float]:
+    """(low, high) of a band of relative ``half_width`` around ``value`` (the half widths
+    come from calibration, oresearcher/calibration/band.py; the simulator reports the band)."""
+    return value * max(0.0, 1.0 - half_width), value * (1.0 + half_width)
+
+
 def band_verdicts(predicted: dict, measured: dict) -> list[dict]:
     """For each headline figure the prediction carries a band for (a calibrated profile's,
     oresearcher/calibration/band.py): key, label, unit, low, high, half width, measured, and
