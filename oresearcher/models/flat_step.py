@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import torch
 
+from ..ops import AllReduce, Compute
+
 
 class FlatGradStep:
     """A student's step between its backward and its optimizer: its gradients as one flat
@@ -21,3 +23,10 @@ class FlatGradStep:
         if self.clip is not None:
             torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.clip)
         self.opt.step()
+
+    def averaged_update(self):
+        """The step's ops after the student's forward-backward: its gradients packed,
+        averaged over the ranks (``distill_grad``) and applied; yields ops."""
+        grad = yield Compute(self.flat_grad, name="pack")
+        grad = yield AllReduce(grad, op="avg", name="distill_grad")
+        yield Compute(self.apply, grad, flops=10.0 * grad.numel(), name="optimizer")

@@ -169,9 +169,7 @@ def distill(ctx, learner, first_step: int, count: dict):
                       seed=derive(sc.seed, rank), pool=pool)
     for s in range(d.steps):
         metrics = yield Compute(student.forward_backward, flops=student.step_flops, name="distill_fwd_bwd")
-        grad = yield Compute(student.flat_grad, name="pack")
-        grad = yield AllReduce(grad, op="avg", name="distill_grad")
-        yield Compute(student.apply, grad, flops=10.0 * grad.numel(), name="optimizer")
+        yield from student.averaged_update()
         if s < d.steps - 1:
             yield StepDone(first_step + s, dict(metrics, phase_distill=1.0))
     total = yield AllReduce(torch.tensor([count["flops"]], dtype=torch.float64, device=X.device), op="sum",

@@ -121,9 +121,7 @@ def phase(ctx, learner, first_step: int, count: dict):
         x = next(stream).to(learner.device)
         t = yield Compute(teacher_logprobs, learner, members, x[:, :-1], flops=teacher_flops, name="teacher_outputs")
         metrics = yield Compute(student.forward_backward, x, t, flops=s_fwd + s_bwd, name="distill_fwd_bwd")
-        grad = yield Compute(student.flat_grad, name="pack")
-        grad = yield AllReduce(grad, op="avg", name="distill_grad")
-        yield Compute(student.apply, grad, flops=10.0 * grad.numel(), name="optimizer")
+        yield from student.averaged_update()
         if s < d.steps - 1:
             yield StepDone(first_step + s, dict(metrics, phase_distill=1.0))
     total = yield AllReduce(torch.tensor([count["flops"]], dtype=torch.float64, device=learner.device), op="sum",
