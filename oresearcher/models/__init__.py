@@ -105,6 +105,8 @@ PRESETS: dict[str, ModelConfig] = {
     # The text task's GPT-2 family (oresearcher.tasks.text): 1024-token BPE vocabulary, 128-token
     # context; named by non-embedding parameters (12 d^2 per layer plus biases and norms), the
     # count Kaplan et al. (2020) fit scaling laws to. Heads of 16-32 dimensions.
+    "text-6k": _gpt(2, 1, 15, vocab=1024, ctx=128),   # the scaling ladder's smallest rungs (bench_scaling)
+    "text-12k": _gpt(2, 1, 22, vocab=1024, ctx=128),
     "text-25k": _gpt(2, 2, 32, vocab=1024, ctx=128),
     "text-50k": _gpt(2, 3, 45, vocab=1024, ctx=128),  # the scaling ladder's second rung (bench_scaling)
     "text-100k": _gpt(2, 4, 64, vocab=1024, ctx=128),
