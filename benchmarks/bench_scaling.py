@@ -15,7 +15,7 @@ tokens, AdamW with the pretraining recipe's schedule (10% linear warm-up, cosine
 ``workload.options.lr_schedule: cosine``), in the simulator's numeric mode: the project's
 own programs, each strategy as a scenario sets it. The learning rate is tuned per size for
 data parallel (:func:`tune`) and reused by every other strategy. Data parallel also runs at
-half the budget, so Chinchilla's L(N, D) sees two D per N. Each run records its mean
+a half and a quarter of the budget, so Chinchilla's L(N, D) sees three D per N. Each run records its mean
 training loss per step (every agent's next batch is unseen text: the ladder stays under one
 epoch) and the validation loss of its deployable model on 128 windows of held-out documents
 (nats/token).
@@ -58,6 +58,7 @@ STRATEGIES = {
     "cooperative": {"training.strategy": "oresearcher"},
 }
 AGENTS, BATCH, SEQ = 4, 8, 128  # agents, global batch (windows), tokens per window
+SHORTER = (0.5, 0.25)  # data parallel's other budgets, a fraction of the size's: Chinchilla's D at each N
 LR_START = 6e-3  # the smallest size's first rate; each larger size starts from the one before's best
 RESULTS = Path("benchmarks/results/scaling-ladder.json")
 
@@ -216,7 +217,8 @@ def run_ladder(args, ladder: Ladder) -> None:
                 steps = args.steps or budget_steps(name, args.tpp)
                 ladder.get(scenario_data(name, strategy, lrs[name], steps, seed))
                 if strategy == "ddp" and seed == args.seed and args.half and not args.steps:
-                    ladder.get(scenario_data(name, "ddp", lrs[name], budget_steps(name, args.tpp / 2), seed))
+                    for part in SHORTER:
+                        ladder.get(scenario_data(name, "ddp", lrs[name], budget_steps(name, args.tpp * part), seed))
 
 
 def main(argv=None) -> int:
@@ -228,7 +230,7 @@ def main(argv=None) -> int:
     p.add_argument("--strategies", type=lambda s: tuple(s.split(",")), default=tuple(STRATEGIES))
     p.add_argument("--tpp", type=float, default=20.0, help="tokens per non-embedding parameter")
     p.add_argument("--half", action=argparse.BooleanOptionalAction, default=True,
-                   help="data parallel also at half the budget (Chinchilla's second D)")
+                   help="data parallel also at a half and a quarter of the budget (Chinchilla's other D)")
     p.add_argument("--steps", type=int, default=0, help="steps per run instead of the budget (quick looks)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--seeds", type=int, default=3,
@@ -248,7 +250,9 @@ def main(argv=None) -> int:
         run_ladder(args, Ladder(args.results, command))
     from scaling_report import check  # the reading half, beside this file
 
-    return check(args.results, args.figure)
+    from oresearcher.models.ladder_law import SHIPPED
+
+    return check(args.results, args.figure, SHIPPED if args.results == RESULTS else None)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,9 @@
 """The reading half of bench_scaling: the ladder's stored runs -> fitted laws, intervals,
 residuals, the held-out check, the figure. Trains nothing (docs/scaling.md).
 
-Which run stands for (strategy, size): the full-budget runs (the most steps stored); for data
-parallel the one of them with the lowest validation loss, its rate the size's tuned rate; for
-every other strategy the full-budget run at that rate. Data parallel's shorter runs at the
+Which run stands for (strategy, size): the full-budget runs (the most steps stored) at the
+size's tuned rate (data parallel's lowest validation loss at the first seed), and of those,
+one per seed, the seed with the median validation loss. Data parallel's shorter runs at the
 tuned rate are Chinchilla's other D.
 """
 from __future__ import annotations
@@ -27,17 +27,25 @@ TARGET_AT = 5 / 6  # the target: the held-out run's smoothed loss here, inside i
 
 def pick(runs: list[dict]) -> tuple[dict, dict, list, dict]:
     """({strategy: {model: run}}, {model: tuned rate}, data parallel's shorter runs,
-    {strategy: {model: [the same run at other seeds]}}). Tuning and the fits use the
-    first seed; other seeds (the held-out size's, ``--held-out-seeds``) join the check."""
+    {strategy: {model: [the same run at the other seeds]}}). Tuning uses the first seed; per
+    (strategy, size) the run standing for it is then the seed with the median validation
+    loss (the fits' point and curve), the other seeds join the held-out check's median."""
     base = min((r["seed"] for r in runs), default=0)
-    by, extra = {}, {}
+    by, seeds = {}, {}
     for r in (r for r in runs if r["seed"] == base):
         by.setdefault(r["strategy"], {}).setdefault(r["model"], []).append(r)
     chosen, tuned, shorter = _tune(by)
     for r in runs:
         c = chosen.get(r["strategy"], {}).get(r["model"])
-        if r["seed"] != base and c and r["lr"] == c["lr"] and r["steps"] == c["steps"]:
-            extra.setdefault(r["strategy"], {}).setdefault(r["model"], []).append(r)
+        if c and r["lr"] == c["lr"] and r["steps"] == c["steps"]:
+            seeds.setdefault(r["strategy"], {}).setdefault(r["model"], []).append(r)
+    extra = {}
+    for strategy, models in seeds.items():
+        for model, rs in models.items():
+            rs = sorted(rs, key=lambda r: r["val_loss"])
+            middle = rs[(len(rs) - 1) // 2]
+            chosen[strategy][model] = middle
+            extra.setdefault(strategy, {})[model] = [r for r in rs if r is not middle]
     return chosen, tuned, shorter, extra
 
 
@@ -231,18 +239,21 @@ def fit_args(d: dict) -> dict:
             "interval": {k: tuple(v) for k, v in d["interval"].items()}}
 
 
-def check(path: Path, figure: Path | None = None) -> int:
-    """Print the fits and the held-out check of the ladder at ``path``; write the fits beside it."""
+def check(path: Path, figure: Path | None = None, fits: Path | None = None) -> int:
+    """Print the fits and the held-out check of the ladder at ``path``; write the fits to
+    ``fits`` (default: beside it)."""
     if not Path(path).is_file():
         print(f"error: {path}: no ladder results (train them with --run)", file=sys.stderr)
         return 2
     ladder = read_json(Path(path))
     out = report(ladder)
     print_report(out, ladder.get("made_by", []))
-    fits = Path(path).with_name(Path(path).stem.replace("ladder", "fits") + ".json")
-    if fits == Path(path):
-        fits = Path(path).with_suffix(".fits.json")
-    write_text(fits, json.dumps({"source": str(path), **out}, indent=1, sort_keys=True) + "\n")
+    if fits is None:
+        fits = Path(path).with_name(Path(path).stem.replace("ladder", "fits") + ".json")
+        if fits == Path(path):
+            fits = Path(path).with_suffix(".fits.json")
+    write_text(fits, json.dumps({"source": str(path), "made_by": ladder.get("made_by", []), **out}, indent=1,
+                                sort_keys=True) + "\n")
     print(f"wrote {fits}")
     if figure is not None:
         from scaling_figure import draw

@@ -62,7 +62,9 @@ def size_caution(c: dict) -> list[str]:
 
 def ladder_lines(lad: dict) -> list[str]:
     """Where a ladder multiplier comes from, how far it is carried, and the published anchor."""
-    out = [f"  ladder: {lad['file']}",
+    made = lad.get("made_by") or {}
+    by = f" (bench_scaling.py, commit {made['commit'][:7]})" if made.get("commit") else ""
+    out = [f"  ladder: {lad['file']}{by}",
            f"  {lad['sizes']} sizes, N up to {lad['largest_n']:,.0f} (non-embedding); read {lad['distance']:,.0f}x past it",
            f"  ln m slope {lad['slope']:+.3f} per ln N; band: its 95% prediction interval"]
     if lad.get("published"):
