@@ -65,10 +65,9 @@ RESULTS = Path("benchmarks/results/scaling-ladder.json")
 
 def non_embedding(name: str) -> int:
     """Non-embedding parameters of a text preset (Kaplan et al. 2020's N)."""
-    from oresearcher.tasks.text.model import build_model
+    from oresearcher.models import n_non_embedding
 
-    m = build_model(name, device="meta")
-    return sum(p.numel() for p in m.parameters()) - m.tok_emb.weight.numel() - m.pos_emb.weight.numel()
+    return n_non_embedding(name)
 
 
 def budget_steps(name: str, tpp: float) -> int:

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from oresearcher.models import convergence as cv
-from oresearcher.models import n_params
+from oresearcher.models import n_non_embedding, n_params
 from oresearcher.errors import UserError
 from oresearcher.scenario import Scenario, validate
 
@@ -238,7 +238,7 @@ def ladder_efficiency(scenario: Scenario) -> tuple[cv.Efficiency | str, dict]:
     if trend is None:
         return (f"no prediction: the ladder ({scenario.convergence.ladder}) has no row with 3 or more sizes for "
                 f"{t.strategy} (rows: {', '.join(LL.trends(fits)) or 'none'})"), {}
-    n = n_params(scenario.workload.model)
+    n = n_non_embedding(scenario.workload.model)  # the ladder's N (its sizes are non-embedding)
     m, low, high = trend.predict(n)
     chin = fits.get("chinchilla_ddp") or {}
     made = (fits.get("made_by") or [{}])[0]

@@ -311,3 +311,11 @@ def build_model(name: str, device="meta", dtype=torch.float32) -> DecoderLM:
 def n_params(name: str) -> int:
     """Every parameter of preset ``name``, embeddings included (the Chinchilla convention)."""
     return sum(p.numel() for p in build_model(name, device="meta").parameters())
+
+
+def n_non_embedding(name: str) -> int:
+    """Parameters of preset ``name`` less its token and position tables and an untied output
+    layer: the N Kaplan et al. (2020) fit size laws to, and the size ladder's."""
+    m = build_model(name, device="meta")
+    tables = [m.tok_emb, m.pos_emb] + ([m.lm_head] if m.lm_head.weight is not m.tok_emb.weight else [])
+    return sum(p.numel() for p in m.parameters()) - sum(t.weight.numel() for t in tables if t is not None)
