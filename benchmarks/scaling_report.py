@@ -197,6 +197,25 @@ def report(ladder: dict) -> dict:
     chin = fit_chinchilla(chosen.get("ddp", {}), shorter)
     out["chinchilla_ddp"] = None if chin is None else chin.as_dict()
     out["multipliers"] = multipliers(chosen, chin)
+    out["trend_held_out"] = trend_held_out(out["multipliers"])
+    return out
+
+
+def trend_held_out(rows: dict) -> dict:
+    """The simulator's own extrapolation checked: per strategy, the straight line in (ln N,
+    ln m) fitted on every size but the largest (oresearcher.models.ladder_law), read at the
+    largest, beside the largest's measured m and whether its 95% band holds it."""
+    from oresearcher.models.ladder_law import Trend
+
+    out = {}
+    for row, pts in rows.items():
+        pts = sorted((p["n"], p["m"]) for p in pts if p.get("m") and math.isfinite(p["m"]) and p["m"] > 0)
+        if row == "ddp" or len(pts) < 4:
+            continue
+        (n, m), fitted = pts[-1], pts[:-1]
+        mid, low, high = Trend.fit(*zip(*fitted)).predict(n)
+        out[row] = {"n": n, "measured": m, "predicted": mid, "low": low, "high": high, "inside": low <= m <= high,
+                    "error": mid / m - 1}
     return out
 
 
@@ -221,6 +240,9 @@ def print_report(out: dict, made_by: list) -> None:
             print(f"{strategy} vs data parallel: " + "  ".join(
                 f"N {r['n']:,}: loss x{r['loss_ratio']:.4f}" + (f", m {r['m']:.2f}" if "m" in r else "")
                 for r in rows))
+    for row, t in out.get("trend_held_out", {}).items():
+        print(f"held-out trend {row}: m at N {t['n']:,} predicted {t['predicted']:.3g} [{t['low']:.3g}-{t['high']:.3g}],"
+              f" measured {t['measured']:.3g} ({100 * t['error']:+.0f}%; {'inside' if t['inside'] else 'outside'} the band)")
     for strategy, h in out["held_out"].items():
         if h is None:
             print(f"held-out {strategy}: fewer than 4 sizes, no check")
@@ -256,8 +278,10 @@ def check(path: Path, figure: Path | None = None, fits: Path | None = None) -> i
                                 sort_keys=True) + "\n")
     print(f"wrote {fits}")
     if figure is not None:
-        from scaling_figure import draw
+        from scaling_figure import draw, draw_trend
 
         draw(out, figure)
-        print(f"wrote {figure}")
+        trend = figure.with_name(figure.stem + "-trend" + figure.suffix)
+        draw_trend(out, trend)
+        print(f"wrote {figure}, {trend}")
     return 0
