@@ -95,3 +95,14 @@ def test_check_recovers_a_ladder_the_laws_made(tmp_path, capsys):
 def test_check_without_results_is_one_line_and_exit_2(tmp_path, capsys):
     assert B.main(["--check", "--results", str(tmp_path / "none.json")]) == 2
     assert capsys.readouterr().err.strip() == f"error: {tmp_path / 'none.json'}: no ladder results (train them with --run)"
+
+
+def test_a_size_run_at_three_seeds_is_stood_for_by_its_median_seed():
+    model, steps = B.SIZES[0], B.budget_steps(B.SIZES[0], 2)
+    runs = [{**synthetic_run(model, "ddp", 3e-3, steps, {**LAW, "E": e}), "seed": seed}
+            for seed, e in ((0, 2.5), (1, 2.0), (2, 2.2))]
+    runs.append({**synthetic_run(model, "ddp", 6e-3, steps, {**LAW, "E": 2.6}), "seed": 0})  # tuning: loses at seed 0
+    chosen, tuned, _, extra = R.pick(runs)
+    assert tuned == {model: 3e-3}
+    assert chosen["ddp"][model]["seed"] == 2  # E 2.2 lies between 2.0 and 2.5, though seed 0 tuned the rate
+    assert sorted(r["seed"] for r in extra["ddp"][model]) == [0, 1]
