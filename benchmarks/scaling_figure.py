@@ -75,7 +75,7 @@ def draw_trend(out: dict, path: Path, to_model: str = "gpt-1.3b") -> None:
         grid = np.geomspace(min(n for n, _ in pts) / 1.5, far * 1.5, 100)
         mid, low, high = np.array([trend.predict(n) for n in grid]).T
         ax.plot(*zip(*pts), "o", color=f"C{k + 1}")
-        ax.plot(grid, mid, "-", color=f"C{k + 1}", lw=1.2, label=f"{row}: m {mid[-1]:.2g} at {to_model}")
+        ax.plot(grid, mid, "-", color=f"C{k + 1}", lw=1.2, label=f"{row}: m {trend.predict(far)[0]:.2g} at {to_model}")
         ax.fill_between(grid, low, high, color=f"C{k + 1}", alpha=0.12)
     ax.axhline(1.0, color="black", lw=0.8)
     ax.axvline(far, color="grey", lw=0.8, ls=":")
