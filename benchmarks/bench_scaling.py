@@ -3,7 +3,8 @@ held-out size predicted by them.
 
     OMP_NUM_THREADS=1 python benchmarks/bench_scaling.py --check      # the committed ladder: fits, held-out check
     OMP_NUM_THREADS=1 python benchmarks/bench_scaling.py --run        # train what the ladder lacks, then --check
-    OMP_NUM_THREADS=1 python benchmarks/bench_scaling.py --run --tpp 2 --held-out-seeds 3   # the committed, reduced ladder
+    OMP_NUM_THREADS=1 python benchmarks/bench_scaling.py --run --strategies ddp,diloco-h10,ddp-int8 &  # two processes may share the file
+    OMP_NUM_THREADS=1 python benchmarks/bench_scaling.py --run --strategies diloco-h50,cooperative
     OMP_NUM_THREADS=1 python benchmarks/bench_scaling.py --run --sizes text-25k,text-50k --steps 30 \\
         --results /tmp/ladder.json                                     # a quick look (what the tests run)
 
@@ -14,7 +15,7 @@ tokens, AdamW with the pretraining recipe's schedule (10% linear warm-up, cosine
 ``workload.options.lr_schedule: cosine``), in the simulator's numeric mode: the project's
 own programs, each strategy as a scenario sets it. The learning rate is tuned per size for
 data parallel (:func:`tune`) and reused by every other strategy. Data parallel also runs at
-half the budget, so Chinchilla's L(N, D) sees two D per N. Each run records its mean
+a half and a quarter of the budget, so Chinchilla's L(N, D) sees three D per N. Each run records its mean
 training loss per step (every agent's next batch is unseen text: the ladder stays under one
 epoch) and the validation loss of its deployable model on 128 windows of held-out documents
 (nats/token).
@@ -29,6 +30,7 @@ results (``scaling-fits.json``) with a figure (``--figure``).
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
 import json
 import math
@@ -46,7 +48,7 @@ from oresearcher.scenario import validate
 from oresearcher.tasks.text.pretrain import lr_at
 
 METHOD = "ladder-v1"  # bump when what a stored run means changes
-SIZES = ("text-25k", "text-50k", "text-100k", "text-230k", "text-450k")
+SIZES = ("text-6k", "text-12k", "text-25k", "text-50k", "text-230k")  # 4 fitted (8.6x), held out 4.7x past them
 # strategy -> scenario overrides (dotted path -> value); the cooperative program with its defaults
 STRATEGIES = {
     "ddp": {"training.strategy": "ddp"},
@@ -56,16 +58,16 @@ STRATEGIES = {
     "cooperative": {"training.strategy": "oresearcher"},
 }
 AGENTS, BATCH, SEQ = 4, 8, 128  # agents, global batch (windows), tokens per window
+SHORTER = (0.5, 0.25)  # data parallel's other budgets, a fraction of the size's: Chinchilla's D at each N
 LR_START = 6e-3  # the smallest size's first rate; each larger size starts from the one before's best
 RESULTS = Path("benchmarks/results/scaling-ladder.json")
 
 
 def non_embedding(name: str) -> int:
     """Non-embedding parameters of a text preset (Kaplan et al. 2020's N)."""
-    from oresearcher.tasks.text.model import build_model
+    from oresearcher.models import n_non_embedding
 
-    m = build_model(name, device="meta")
-    return sum(p.numel() for p in m.parameters()) - m.tok_emb.weight.numel() - m.pos_emb.weight.numel()
+    return n_non_embedding(name)
 
 
 def budget_steps(name: str, tpp: float) -> int:
@@ -140,28 +142,43 @@ class Ladder:
 
     def __init__(self, path: Path, command: str):
         self.path = path
-        old = read_json(path) if path.is_file() else {}
-        self.runs = dict(old.get("runs", {}))
-        self.made_by = list(old.get("made_by", []))
+        self.runs: dict = {}
         self.command = command
+        self.merge()
 
     def get(self, data: dict, log=print) -> dict:
         key = run_key(data)
         if key not in self.runs:
-            log(f"  training {data['workload']['model']} {strategy_of(data)} lr {data['training']['lr']:g}"
-                f" {data['training']['steps']} steps ...")
+            self.merge()  # another process on the same file may have trained it
+        if key not in self.runs:
+            log(f"  training {data['workload']['model']} {strategy_of(data)} seed {data['seed']} lr "
+                f"{data['training']['lr']:g} {data['training']['steps']} steps ...", flush=True)
             self.runs[key] = train(data)
-            if not self.made_by or self.made_by[-1]["command"] != self.command:
-                self.made_by.append(provenance(self.command))
             self.save()
             r = self.runs[key]
-            log(f"    validation loss {r['val_loss']:.4f} in {r['seconds']:.0f} s ({r['cpu_seconds']:.0f} s CPU)")
+            log(f"    validation loss {r['val_loss']:.4f} in {r['seconds']:.0f} s ({r['cpu_seconds']:.0f} s CPU)",
+                flush=True)
         return self.runs[key]
 
+    def merge(self) -> None:
+        """Take the runs another process wrote since this one last read the file."""
+        if self.path.is_file():
+            self.runs = {**read_json(self.path).get("runs", {}), **self.runs}
+
     def save(self) -> None:
+        """Rewrite the file with this process's runs and every run already in it, under an
+        exclusive lock: processes training different strategies may share one file."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        write_text(self.path, json.dumps({"method": METHOD, "made_by": self.made_by, "runs": self.runs},
-                                         indent=1, sort_keys=True) + "\n")
+        with open(self.path.with_name(self.path.name + ".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            old = read_json(self.path) if self.path.is_file() else {}
+            self.runs = {**old.get("runs", {}), **self.runs}
+            made_by = list(old.get("made_by", []))
+            mine = provenance(self.command)
+            if not any(m["command"] == mine["command"] and m["commit"] == mine["commit"] for m in made_by):
+                made_by.append(mine)
+            write_text(self.path, json.dumps({"method": METHOD, "made_by": made_by, "runs": self.runs},
+                                             indent=1, sort_keys=True) + "\n")
 
 
 def tune(ladder: Ladder, name: str, start: float, steps: int, seed: int) -> float:
@@ -186,24 +203,21 @@ def tune(ladder: Ladder, name: str, start: float, steps: int, seed: int) -> floa
 
 
 def run_ladder(args, ladder: Ladder) -> None:
-    """Tune data parallel size by size, then every strategy at the tuned rates (priority
-    order: a ladder cut short has whole strategies)."""
+    """Tune data parallel size by size, then every strategy at the tuned rates, seed by seed
+    (priority order: a ladder cut short has whole strategies)."""
     lrs, start = {}, args.lr_start
     for name in args.sizes:
         steps = args.steps or budget_steps(name, args.tpp)
         lrs[name] = start = tune(ladder, name, start, steps, args.seed)
         print(f"{name}: data parallel's rate {start:g}", flush=True)
     for strategy in args.strategies:
-        for name in args.sizes:
-            steps = args.steps or budget_steps(name, args.tpp)
-            ladder.get(scenario_data(name, strategy, lrs[name], steps, args.seed))
-            if strategy == "ddp" and args.half and not args.steps:
-                ladder.get(scenario_data(name, "ddp", lrs[name], budget_steps(name, args.tpp / 2), args.seed))
-    largest = max(args.sizes, key=non_embedding)
-    steps = args.steps or budget_steps(largest, args.tpp)
-    for k in range(1, args.held_out_seeds):  # the held-out size's other seeds: the check's median
-        for strategy in args.strategies:
-            ladder.get(scenario_data(largest, strategy, lrs[largest], steps, args.seed + k))
+        for seed in range(args.seed, args.seed + args.seeds):
+            for name in args.sizes:
+                steps = args.steps or budget_steps(name, args.tpp)
+                ladder.get(scenario_data(name, strategy, lrs[name], steps, seed))
+                if strategy == "ddp" and seed == args.seed and args.half and not args.steps:
+                    for part in SHORTER:
+                        ladder.get(scenario_data(name, "ddp", lrs[name], budget_steps(name, args.tpp * part), seed))
 
 
 def main(argv=None) -> int:
@@ -215,25 +229,29 @@ def main(argv=None) -> int:
     p.add_argument("--strategies", type=lambda s: tuple(s.split(",")), default=tuple(STRATEGIES))
     p.add_argument("--tpp", type=float, default=20.0, help="tokens per non-embedding parameter")
     p.add_argument("--half", action=argparse.BooleanOptionalAction, default=True,
-                   help="data parallel also at half the budget (Chinchilla's second D)")
+                   help="data parallel also at a half and a quarter of the budget (Chinchilla's other D)")
     p.add_argument("--steps", type=int, default=0, help="steps per run instead of the budget (quick looks)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--held-out-seeds", type=int, default=1,
-                   help="seeds of the largest size (the held-out check takes their median)")
+    p.add_argument("--seeds", type=int, default=3,
+                   help="seeds of every size (the fits and the held-out check take their median)")
     p.add_argument("--lr-start", type=float, default=LR_START)
     p.add_argument("--figure", type=Path, default=None, help="write the fits' figure here")
     args = p.parse_args(argv)
-    bad = [s for s in args.strategies if s not in STRATEGIES] + [s for s in args.sizes if s not in SIZES]
+    from oresearcher.tasks.text import MODELS
+
+    bad = [s for s in args.strategies if s not in STRATEGIES] + [s for s in args.sizes if s not in MODELS]
     if bad:
         print(f"error: unknown strategy or size {bad[0]} (strategies {', '.join(STRATEGIES)}; sizes "
-              f"{', '.join(SIZES)})", file=sys.stderr)
+              f"{', '.join(MODELS)})", file=sys.stderr)
         return 2
     command = "OMP_NUM_THREADS=1 python benchmarks/bench_scaling.py " + " ".join(argv if argv is not None else sys.argv[1:])
     if args.run:
         run_ladder(args, Ladder(args.results, command))
     from scaling_report import check  # the reading half, beside this file
 
-    return check(args.results, args.figure)
+    from oresearcher.models.ladder_law import SHIPPED
+
+    return check(args.results, args.figure, SHIPPED if args.results == RESULTS else None)
 
 
 if __name__ == "__main__":

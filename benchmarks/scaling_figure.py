@@ -54,3 +54,36 @@ def draw(out: dict, path: Path) -> None:
     fig.tight_layout()
     save_figure(fig, Path(path), dpi=110)
     plt.close(fig)
+
+
+def draw_trend(out: dict, path: Path, to_model: str = "gpt-1.3b") -> None:
+    """Each strategy's multiplier m against N, the straight line in (ln N, ln m) the
+    simulator reads, and its 95% prediction band carried to ``to_model``'s non-embedding N
+    (oresearcher.models.ladder_law)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from oresearcher.models import ladder_law as LL
+    from oresearcher.models import n_non_embedding
+
+    far = n_non_embedding(to_model)
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    for k, (row, trend) in enumerate(LL.trends(out).items()):
+        pts = [(p["n"], p["m"]) for p in out["multipliers"][row] if p.get("m")]
+        grid = np.geomspace(min(n for n, _ in pts) / 1.5, far * 1.5, 100)
+        mid, low, high = np.array([trend.predict(n) for n in grid]).T
+        ax.plot(*zip(*pts), "o", color=f"C{k + 1}")
+        ax.plot(grid, mid, "-", color=f"C{k + 1}", lw=1.2, label=f"{row}: m {trend.predict(far)[0]:.2g} at {to_model}")
+        ax.fill_between(grid, low, high, color=f"C{k + 1}", alpha=0.12)
+    ax.axhline(1.0, color="black", lw=0.8)
+    ax.axvline(far, color="grey", lw=0.8, ls=":")
+    ax.text(far, ax.get_ylim()[1], f" {to_model}", va="top", ha="right", fontsize=8, color="grey")
+    ax.set(xscale="log", yscale="log", xlabel="non-embedding parameters N",
+           ylabel="effective-token multiplier m (data parallel = 1)",
+           title="each strategy's multiplier by size, the trend the simulator reads, its 95% band")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    save_figure(fig, Path(path), dpi=110)
+    plt.close(fig)

@@ -1,13 +1,14 @@
 """The reading half of bench_scaling: the ladder's stored runs -> fitted laws, intervals,
 residuals, the held-out check, the figure. Trains nothing (docs/scaling.md).
 
-Which run stands for (strategy, size): the full-budget runs (the most steps stored); for data
-parallel the one of them with the lowest validation loss, its rate the size's tuned rate; for
-every other strategy the full-budget run at that rate. Data parallel's shorter runs at the
+Which run stands for (strategy, size): the full-budget runs (the most steps stored) at the
+size's tuned rate (data parallel's lowest validation loss at the first seed), and of those,
+one per seed, the seed with the median validation loss. Data parallel's shorter runs at the
 tuned rate are Chinchilla's other D.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import sys
@@ -27,17 +28,25 @@ TARGET_AT = 5 / 6  # the target: the held-out run's smoothed loss here, inside i
 
 def pick(runs: list[dict]) -> tuple[dict, dict, list, dict]:
     """({strategy: {model: run}}, {model: tuned rate}, data parallel's shorter runs,
-    {strategy: {model: [the same run at other seeds]}}). Tuning and the fits use the
-    first seed; other seeds (the held-out size's, ``--held-out-seeds``) join the check."""
+    {strategy: {model: [the same run at the other seeds]}}). Tuning uses the first seed; per
+    (strategy, size) the run standing for it is then the seed with the median validation
+    loss (the fits' point and curve), the other seeds join the held-out check's median."""
     base = min((r["seed"] for r in runs), default=0)
-    by, extra = {}, {}
+    by, seeds = {}, {}
     for r in (r for r in runs if r["seed"] == base):
         by.setdefault(r["strategy"], {}).setdefault(r["model"], []).append(r)
     chosen, tuned, shorter = _tune(by)
     for r in runs:
         c = chosen.get(r["strategy"], {}).get(r["model"])
-        if r["seed"] != base and c and r["lr"] == c["lr"] and r["steps"] == c["steps"]:
-            extra.setdefault(r["strategy"], {}).setdefault(r["model"], []).append(r)
+        if c and r["lr"] == c["lr"] and r["steps"] == c["steps"]:
+            seeds.setdefault(r["strategy"], {}).setdefault(r["model"], []).append(r)
+    extra = {}
+    for strategy, models in seeds.items():
+        for model, rs in models.items():
+            rs = sorted(rs, key=lambda r: r["val_loss"])
+            middle = rs[(len(rs) - 1) // 2]
+            chosen[strategy][model] = middle
+            extra.setdefault(strategy, {})[model] = [r for r in rs if r is not middle]
     return chosen, tuned, shorter, extra
 
 
@@ -67,7 +76,7 @@ def schedule(run: dict) -> np.ndarray:
 def curve_points(run: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(S1, S2, loss) at log-spaced steps after warm-up; curve[i] is the loss after i updates."""
     s1, s2 = S.areas(schedule(run))
-    loss = np.asarray(run["curve"], float)
+    loss = np.asarray(updates(run), float)
     first = max(1, int(round(0.1 * run["steps"])))
     idx = np.unique(np.geomspace(first, len(loss) - 1, CURVE_POINTS).astype(int))
     return s1[idx - 1], s2[idx - 1], loss[idx]
@@ -88,18 +97,39 @@ def fit_curve(runs: list[dict]) -> S.Fit:
     return S.fit_curves(n, s1, s2, loss)
 
 
-def held_out(runs: dict, others: list | None = None) -> dict | None:
+def seed_band(fitted: list[dict], others: dict, n: float, start: S.Fit,
+              q: tuple = (2.5, 97.5)) -> tuple[float, float] | None:
+    """The spread of the size law's prediction at ``n`` from the seeds: refitted on every
+    choice of one seed per fitted size (``others``: {model: its runs at the other seeds}),
+    the ``q`` percentiles of the predictions, each refit started from ``start`` (the fit of
+    the median seeds), as a bootstrap draw is. None with one seed per size."""
+    options = [[r, *others.get(r["model"], [])] for r in fitted]
+    combos = list(itertools.product(*options))
+    if len(combos) < 2:
+        return None
+    preds = []
+    for combo in combos:
+        x = np.array([r["n"] for r in combo], float)
+        y = np.array([r["val_loss"] for r in combo], float)
+        preds.append(float(S.power_law(n, **S.fit_power(x, y, grid=S.grid_near(start)).coef)))
+    lo, hi = np.percentile(preds, q)
+    return float(lo), float(hi)
+
+
+def held_out(runs: dict, others: list | None = None, seeds_of: dict | None = None) -> dict | None:
     """Fit on every size but the largest; predict the largest's final loss and steps to a
     target; measured: the median over the largest size's seeds (``others``: its runs at other
     seeds). The target is the smoothed loss at :data:`TARGET_AT` of the run of the seed with
     the median final loss, so the median seed crosses it in its last third; a seed that never
-    crosses counts as past the run."""
+    crosses counts as past the run. ``seeds_of``: {model: the fitted sizes' runs at other
+    seeds}, for the prediction's seed band (:func:`seed_band`)."""
     order = sorted(runs.values(), key=lambda r: r["n"])
     if len(order) < 4:
         return None
     fitted, held = order[:-1], order[-1]
     size = fit_size(fitted, draws=0)
     pred_loss = float(S.power_law(held["n"], **size.coef))
+    band = seed_band(fitted, seeds_of or {}, held["n"], size)
     seeds = [held, *(others or [])]
     middle = sorted(seeds, key=lambda r: r["val_loss"])[(len(seeds) - 1) // 2]  # the median seed's run
     smooth = _smooth(middle)
@@ -118,13 +148,21 @@ def held_out(runs: dict, others: list | None = None) -> dict | None:
             "curve_coef": coef,"model": held["model"], "n": held["n"], "largest_fitted_n": fitted[-1]["n"],
             "seeds": [r["seed"] for r in seeds], "final_losses": [r["val_loss"] for r in seeds],
             "steps_per_seed": crossings, "final_loss": final, "predicted_loss": pred_loss,
-            "final_error": pred_loss / final - 1, "target": target, "steps": measured,
+            "final_error": pred_loss / final - 1, "band": band, "curve_final": float(S.curve_law(
+                held["n"], s1[-1], s2[-1], **coef)), "target": target, "steps": measured,
             "predicted_steps": pred_steps,
             "steps_error": None if pred_steps is None or measured is None else pred_steps / measured - 1}
 
 
 def _smooth(run: dict) -> list[float]:
-    return cv.smooth(run["curve"], max(5, run["steps"] // 30) | 1)
+    return cv.smooth(updates(run), max(5, run["steps"] // 30) | 1)
+
+
+def updates(run: dict) -> list[float]:
+    """The run's curve within its schedule: the cooperative program's mean curve can run a few
+    steps past ``training.steps`` (an agent whose compute share gave it more updates), where
+    the schedule, and so the whole-curve law's areas, ends."""
+    return run["curve"][: run["steps"]]
 
 
 def fit_chinchilla(ddp: dict, shorter: list[dict]) -> S.Fit | None:
@@ -185,10 +223,29 @@ def report(ladder: dict) -> dict:
             out["size_law"][strategy] = fit_size(rs).as_dict()
             out["curve_law"][strategy] = fit_curve(rs).as_dict()
         largest = max(models.values(), key=lambda r: r["n"])["model"]
-        out["held_out"][strategy] = held_out(models, extra.get(strategy, {}).get(largest))
+        out["held_out"][strategy] = held_out(models, extra.get(strategy, {}).get(largest), extra.get(strategy))
     chin = fit_chinchilla(chosen.get("ddp", {}), shorter)
     out["chinchilla_ddp"] = None if chin is None else chin.as_dict()
     out["multipliers"] = multipliers(chosen, chin)
+    out["trend_held_out"] = trend_held_out(out["multipliers"])
+    return out
+
+
+def trend_held_out(rows: dict) -> dict:
+    """The simulator's own extrapolation checked: per strategy, the straight line in (ln N,
+    ln m) fitted on every size but the largest (oresearcher.models.ladder_law), read at the
+    largest, beside the largest's measured m and whether its 95% band holds it."""
+    from oresearcher.models.ladder_law import Trend
+
+    out = {}
+    for row, pts in rows.items():
+        pts = sorted((p["n"], p["m"]) for p in pts if p.get("m") and math.isfinite(p["m"]) and p["m"] > 0)
+        if row == "ddp" or len(pts) < 4:
+            continue
+        (n, m), fitted = pts[-1], pts[:-1]
+        mid, low, high = Trend.fit(*zip(*fitted)).predict(n)
+        out[row] = {"n": n, "measured": m, "predicted": mid, "low": low, "high": high, "inside": low <= m <= high,
+                    "error": mid / m - 1}
     return out
 
 
@@ -213,15 +270,22 @@ def print_report(out: dict, made_by: list) -> None:
             print(f"{strategy} vs data parallel: " + "  ".join(
                 f"N {r['n']:,}: loss x{r['loss_ratio']:.4f}" + (f", m {r['m']:.2f}" if "m" in r else "")
                 for r in rows))
+    for row, t in out.get("trend_held_out", {}).items():
+        print(f"held-out trend {row}: m at N {t['n']:,} predicted {t['predicted']:.3g} [{t['low']:.3g}-{t['high']:.3g}],"
+              f" measured {t['measured']:.3g} ({100 * t['error']:+.0f}%; {'inside' if t['inside'] else 'outside'} the band)")
     for strategy, h in out["held_out"].items():
         if h is None:
             print(f"held-out {strategy}: fewer than 4 sizes, no check")
             continue
         steps = ("none: the median seed never reaches the target" if h["steps"] is None else
                  "none: never reached (predicted)" if h["steps_error"] is None else f"{100 * h['steps_error']:+.1f}%")
+        band = h.get("band")
+        band = "" if band is None else (f" [seeds' band {band[0]:.4f}-{band[1]:.4f}: measured "
+                                        f"{'inside' if band[0] <= h['final_loss'] <= band[1] else 'outside'}]")
         print(f"held-out {strategy}: final loss error {100 * h['final_error']:+.1f}%, steps to target error {steps}"
               f"  ({h['model']}, {h['n'] / h['largest_fitted_n']:.1f}x the largest fitted, {len(h['seeds'])} seed(s):"
-              f" loss {h['final_loss']:.4f} predicted {h['predicted_loss']:.4f}; target {h['target']:.3f} at step "
+              f" loss {h['final_loss']:.4f} predicted {h['predicted_loss']:.4f}{band}; curve law's final "
+              f"{h['curve_final']:.4f}; target {h['target']:.3f} at step "
               f"{'-' if h['steps'] is None else format(h['steps'], 'g')}, predicted {h['predicted_steps']}; seeds' steps {h['steps_per_seed']})")
 
 
@@ -231,22 +295,27 @@ def fit_args(d: dict) -> dict:
             "interval": {k: tuple(v) for k, v in d["interval"].items()}}
 
 
-def check(path: Path, figure: Path | None = None) -> int:
-    """Print the fits and the held-out check of the ladder at ``path``; write the fits beside it."""
+def check(path: Path, figure: Path | None = None, fits: Path | None = None) -> int:
+    """Print the fits and the held-out check of the ladder at ``path``; write the fits to
+    ``fits`` (default: beside it)."""
     if not Path(path).is_file():
         print(f"error: {path}: no ladder results (train them with --run)", file=sys.stderr)
         return 2
     ladder = read_json(Path(path))
     out = report(ladder)
     print_report(out, ladder.get("made_by", []))
-    fits = Path(path).with_name(Path(path).stem.replace("ladder", "fits") + ".json")
-    if fits == Path(path):
-        fits = Path(path).with_suffix(".fits.json")
-    write_text(fits, json.dumps({"source": str(path), **out}, indent=1, sort_keys=True) + "\n")
+    if fits is None:
+        fits = Path(path).with_name(Path(path).stem.replace("ladder", "fits") + ".json")
+        if fits == Path(path):
+            fits = Path(path).with_suffix(".fits.json")
+    write_text(fits, json.dumps({"source": str(path), "made_by": ladder.get("made_by", []), **out}, indent=1,
+                                sort_keys=True) + "\n")
     print(f"wrote {fits}")
     if figure is not None:
-        from scaling_figure import draw
+        from scaling_figure import draw, draw_trend
 
         draw(out, figure)
-        print(f"wrote {figure}")
+        trend = figure.with_name(figure.stem + "-trend" + figure.suffix)
+        draw_trend(out, trend)
+        print(f"wrote {figure}, {trend}")
     return 0

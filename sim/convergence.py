@@ -22,6 +22,7 @@ section, not a failed simulation.
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from pathlib import Path
@@ -29,7 +30,7 @@ from pathlib import Path
 import torch
 
 from oresearcher.models import convergence as cv
-from oresearcher.models import n_params
+from oresearcher.models import n_non_embedding, n_params
 from oresearcher.errors import UserError
 from oresearcher.scenario import Scenario, validate
 
@@ -163,7 +164,7 @@ def efficiency(scenario: Scenario, log=None) -> cv.Efficiency | str:
         return why
     if is_baseline(scenario):
         return cv.Efficiency.of([1.0])
-    if scenario.convergence.ladder:
+    if uses_ladder(scenario):
         return ladder_efficiency(scenario)[0]
     from oresearcher.programs.divergence import AllExcluded, Diverged
 
@@ -185,15 +186,45 @@ def efficiency(scenario: Scenario, log=None) -> cv.Efficiency | str:
     return cv.Efficiency.of(per_seed)
 
 
-def read_ladder(scenario: Scenario) -> dict:
-    """The fits file ``convergence.ladder`` names (relative paths from the working directory)."""
+def ladder_file(scenario: Scenario) -> Path | None:
+    """The fits file ``convergence.ladder`` names: the shipped one, a path (relative to the
+    working directory), or None for 'none'."""
+    from oresearcher.models.ladder_law import SHIPPED
+
+    name = scenario.convergence.ladder
+    return None if name == "none" else SHIPPED if name == "shipped" else Path(name)
+
+
+@functools.lru_cache(maxsize=8)
+def _read(path: Path) -> dict:
     from oresearcher.files import Unreadable, read_json
 
-    path = Path(scenario.convergence.ladder)
     try:
         return read_json(path)
     except (OSError, Unreadable, ValueError) as e:
         raise UserError(f"convergence.ladder {path}: cannot read it ({getattr(e, 'strerror', None) or e})") from None
+
+
+def read_ladder(scenario: Scenario) -> dict:
+    return _read(ladder_file(scenario))
+
+
+def uses_ladder(scenario: Scenario) -> bool:
+    """Whether the multiplier comes from a ladder: a named file always (a missing row is no
+    prediction); the shipped one where it measured the strategy's settings."""
+    if ladder_file(scenario) is None:
+        return False
+    return scenario.convergence.ladder != "shipped" or _ladder_row(scenario)[1] is not None
+
+
+def _ladder_row(scenario: Scenario):
+    """(row name or None, its Trend or None) for the scenario's strategy and settings."""
+    from oresearcher.models import ladder_law as LL
+
+    t, codec = scenario.training, scenario.communication.codec
+    kind = "none" if codec.is_none else codec.dense.name if codec.sparse is None and not codec.feedback else "other"
+    row = LL.row_for(t.strategy, kind, t.local_steps)
+    return row, (LL.trends(read_ladder(scenario)).get(row) if row else None)
 
 
 def ladder_efficiency(scenario: Scenario) -> tuple[cv.Efficiency | str, dict]:
@@ -202,17 +233,17 @@ def ladder_efficiency(scenario: Scenario) -> tuple[cv.Efficiency | str, dict]:
     what the section says about it; or one line saying why there is none."""
     from oresearcher.models import ladder_law as LL
 
-    fits, t, codec = read_ladder(scenario), scenario.training, scenario.communication.codec
-    kind = "none" if codec.is_none else codec.dense.name if codec.sparse is None and not codec.feedback else "other"
-    row = LL.row_for(t.strategy, kind, t.local_steps)
-    trend = LL.trends(fits).get(row) if row else None
+    fits, t = read_ladder(scenario), scenario.training
+    row, trend = _ladder_row(scenario)
     if trend is None:
         return (f"no prediction: the ladder ({scenario.convergence.ladder}) has no row with 3 or more sizes for "
                 f"{t.strategy} (rows: {', '.join(LL.trends(fits)) or 'none'})"), {}
-    n = n_params(scenario.workload.model)
+    n = n_non_embedding(scenario.workload.model)  # the ladder's N (its sizes are non-embedding)
     m, low, high = trend.predict(n)
     chin = fits.get("chinchilla_ddp") or {}
-    info = {"file": scenario.convergence.ladder, "row": row, "sizes": trend.n, "largest_n": trend.largest,
+    made = (fits.get("made_by") or [{}])[0]
+    info = {"file": scenario.convergence.ladder, "made_by": {k: made.get(k) for k in ("command", "commit", "host")},
+            "row": row, "sizes": trend.n, "largest_n": trend.largest,
             "distance": n / trend.largest, "slope": trend.b,
             "rule": "95% prediction interval of ln m on ln N (Student's t, n - 2 dof)",
             "published": LL.direction_line(row, trend.b),
@@ -238,7 +269,7 @@ def proxy_note(scenario: Scenario) -> str | None:
 
     if scenario.convergence is None or no_prediction(scenario) or is_baseline(scenario):
         return None
-    if scenario.convergence.ladder:  # the ladder's laws, read from its file: nothing trains
+    if uses_ladder(scenario):  # the ladder's laws, read from its file: nothing trains
         return None
     root = cache_root(scenario)
     runs = [d for pair in _proxy_runs(scenario) for d in pair]
@@ -311,7 +342,7 @@ def section(scenario: Scenario, step_time_s: float, log=None) -> dict:
 def _source(scenario: Scenario) -> dict:
     """Where the multiplier comes from: the proxy's settings, or the ladder's row."""
     spec = scenario.convergence
-    if spec.ladder and not is_baseline(scenario):
+    if uses_ladder(scenario) and not is_baseline(scenario):
         return {"ladder": ladder_efficiency(scenario)[1]}
     return {"proxy": {"model": spec.proxy_model, "n_params": n_params(spec.proxy_model), "steps": spec.proxy_steps,
                       "seeds": spec.proxy_seeds, "seq_len": spec.proxy_seq_len}}

@@ -19,12 +19,12 @@ def test_the_two_smallest_sizes_train_are_stored_and_are_not_trained_again(tmp_p
     monkeypatch.setenv("ORESEARCHER_CACHE", str(tmp_path / "cache"))
     results = tmp_path / "ladder.json"
     argv = ["--run", "--sizes", "text-25k,text-50k", "--steps", "12", "--strategies", "ddp,diloco-h10",
-            "--results", str(results)]
+            "--seeds", "2", "--results", str(results)]
     assert B.main(argv) == 0
     ladder = json.loads(results.read_text())
     runs = list(ladder["runs"].values())
-    assert {(r["model"], r["strategy"]) for r in runs} == {(m, s) for m in ("text-25k", "text-50k")
-                                                           for s in ("ddp", "diloco-h10")}
+    assert {(r["model"], r["strategy"], r["seed"]) for r in runs} == {
+        (m, s, seed) for m in ("text-25k", "text-50k") for s in ("ddp", "diloco-h10") for seed in (0, 1)}
     assert all(len(r["curve"]) == 12 and math.isfinite(r["val_loss"]) for r in runs)
     assert ladder["made_by"][0]["command"].endswith(" ".join(argv)) and ladder["made_by"][0]["host"]
     assert sum(r["strategy"] == "ddp" for r in runs) >= 4  # two rates at least, each size
@@ -70,9 +70,10 @@ def test_check_recovers_a_ladder_the_laws_made(tmp_path, capsys):
         for lr, strategy, law, st in ((3e-3, "ddp", LAW, steps), (6e-3, "ddp", {**LAW, "E": 4.0}, steps),
                                       (3e-3, "ddp", LAW, steps // 2), (3e-3, "diloco-h10", SLOWER, steps)):
             runs[f"{model}-{strategy}-{lr}-{st}"] = synthetic_run(model, strategy, lr, st, law)
-    steps = B.budget_steps("text-450k", 2)
+    largest = B.SIZES[-1]
+    steps = B.budget_steps(largest, 2)
     for seed, law in ((1, {**LAW, "E": 2.02}), (2, {**LAW, "E": 1.99})):  # the held-out size's other seeds
-        runs[f"seed{seed}"] = {**synthetic_run("text-450k", "ddp", 3e-3, steps, law), "seed": seed}
+        runs[f"seed{seed}"] = {**synthetic_run(largest, "ddp", 3e-3, steps, law), "seed": seed}
     path = tmp_path / "scaling-ladder.json"
     path.write_text(json.dumps({"runs": runs, "made_by": []}))
     assert R.check(path, tmp_path / "fits.png") == 0
@@ -81,11 +82,12 @@ def test_check_recovers_a_ladder_the_laws_made(tmp_path, capsys):
     assert fits["tuned_lr"] == {m: 3e-3 for m in B.SIZES}  # the lower loss wins the grid
     for strategy in ("ddp", "diloco-h10"):
         h = fits["held_out"][strategy]
-        assert h["model"] == "text-450k" and abs(h["steps_error"]) < 0.05
+        assert h["model"] == largest and abs(h["steps_error"]) < 0.05
         assert f"held-out {strategy}: final loss error" in out
     assert all(r["loss_ratio"] > 1 for r in fits["multipliers"]["diloco-h10"])
-    h = fits["held_out"]["ddp"]  # the median over the held-out size's three seeds; the fits use seed 0 only
-    assert h["seeds"] == [0, 1, 2] and h["final_loss"] == sorted(h["final_losses"])[1] == h["final_losses"][0]
+    h = fits["held_out"]["ddp"]  # the median over the held-out size's three seeds, the median seed's run first
+    assert sorted(h["seeds"]) == [0, 1, 2] and h["final_loss"] == sorted(h["final_losses"])[1] == h["final_losses"][0]
+    assert h["seeds"][0] == 0  # E 2.0 lies between the other seeds' 1.99 and 2.02
     assert fits["held_out"]["diloco-h10"]["seeds"] == [0]
     assert (tmp_path / "fits.png").stat().st_size > 0
 
@@ -93,3 +95,14 @@ def test_check_recovers_a_ladder_the_laws_made(tmp_path, capsys):
 def test_check_without_results_is_one_line_and_exit_2(tmp_path, capsys):
     assert B.main(["--check", "--results", str(tmp_path / "none.json")]) == 2
     assert capsys.readouterr().err.strip() == f"error: {tmp_path / 'none.json'}: no ladder results (train them with --run)"
+
+
+def test_a_size_run_at_three_seeds_is_stood_for_by_its_median_seed():
+    model, steps = B.SIZES[0], B.budget_steps(B.SIZES[0], 20)
+    runs = [{**synthetic_run(model, "ddp", 3e-3, steps, {**LAW, "E": e}), "seed": seed}
+            for seed, e in ((0, 2.5), (1, 2.0), (2, 2.2))]
+    runs.append({**synthetic_run(model, "ddp", 6e-3, steps, {**LAW, "E": 4.0}), "seed": 0})  # tuning: loses at seed 0
+    chosen, tuned, _, extra = R.pick(runs)
+    assert tuned == {model: 3e-3}
+    assert chosen["ddp"][model]["seed"] == 2  # E 2.2 lies between 2.0 and 2.5, though seed 0 tuned the rate
+    assert sorted(r["seed"] for r in extra["ddp"][model]) == [0, 1]

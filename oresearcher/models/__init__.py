@@ -105,6 +105,8 @@ PRESETS: dict[str, ModelConfig] = {
     # The text task's GPT-2 family (oresearcher.tasks.text): 1024-token BPE vocabulary, 128-token
     # context; named by non-embedding parameters (12 d^2 per layer plus biases and norms), the
     # count Kaplan et al. (2020) fit scaling laws to. Heads of 16-32 dimensions.
+    "text-6k": _gpt(2, 1, 15, vocab=1024, ctx=128),   # the scaling ladder's smallest rungs (bench_scaling)
+    "text-12k": _gpt(2, 1, 22, vocab=1024, ctx=128),
     "text-25k": _gpt(2, 2, 32, vocab=1024, ctx=128),
     "text-50k": _gpt(2, 3, 45, vocab=1024, ctx=128),  # the scaling ladder's second rung (bench_scaling)
     "text-100k": _gpt(2, 4, 64, vocab=1024, ctx=128),
@@ -309,3 +311,11 @@ def build_model(name: str, device="meta", dtype=torch.float32) -> DecoderLM:
 def n_params(name: str) -> int:
     """Every parameter of preset ``name``, embeddings included (the Chinchilla convention)."""
     return sum(p.numel() for p in build_model(name, device="meta").parameters())
+
+
+def n_non_embedding(name: str) -> int:
+    """Parameters of preset ``name`` less its token and position tables and an untied output
+    layer: the N Kaplan et al. (2020) fit size laws to, and the size ladder's."""
+    m = build_model(name, device="meta")
+    tables = [m.tok_emb, m.pos_emb] + ([m.lm_head] if m.lm_head.weight is not m.tok_emb.weight else [])
+    return sum(p.numel() for p in m.parameters()) - sum(t.weight.numel() for t in tables if t is not None)

@@ -18,6 +18,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
+
+# the ladder that ships: benchmarks/bench_scaling.py --check writes it from the committed runs
+SHIPPED = Path(__file__).with_name("scaling-fits.json")
 
 # (training.strategy, the codec's kind, training.local_steps or None) -> the ladder's row:
 # the settings the ladder ran (docs/scaling.md); anything else has no row

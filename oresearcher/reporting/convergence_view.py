@@ -62,7 +62,9 @@ def size_caution(c: dict) -> list[str]:
 
 def ladder_lines(lad: dict) -> list[str]:
     """Where a ladder multiplier comes from, how far it is carried, and the published anchor."""
-    out = [f"  ladder: {lad['file']}",
+    made = lad.get("made_by") or {}
+    by = f" (bench_scaling.py, commit {made['commit'][:7]})" if made.get("commit") else ""
+    out = [f"  ladder: {lad['file']}{by}",
            f"  {lad['sizes']} sizes, N up to {lad['largest_n']:,.0f} (non-embedding); read {lad['distance']:,.0f}x past it",
            f"  ln m slope {lad['slope']:+.3f} per ln N; band: its 95% prediction interval"]
     if lad.get("published"):
@@ -137,8 +139,8 @@ def sweep_table(field: str, values: list, reports: list[dict]) -> Table:
             t.add_row(str(v), f"{r['step_time_s'] * 1e3:,.1f}", c["unavailable"], "", "", "")
             continue
         e, to = c["efficiency"], c.get("to_target") or {}
-        eff = (_m(e).replace("x [", " [") if "ladder" in e else f"{e['multiplier']:.2f} [{e['low']:.2f}-{e['high']:.2f}]"
-               ) if e["measured"] else "1 (DDP)"
+        eff = (f"{e['multiplier']:.2g} [{e['low']:.2g}, {e['high']:.2g}]" if "ladder" in e else
+               f"{e['multiplier']:.2f} [{e['low']:.2f}-{e['high']:.2f}]") if e["measured"] else "1 (DDP)"
         steps = "" if not to else ("never" if to["steps"] is None else count(to["steps"]))
         t.add_row(str(v), f"{r['step_time_s'] * 1e3:,.1f}", eff, steps, hours(to.get("time_s")) if to else "",
                   f"{c['final']['loss']:.3f}")
@@ -149,7 +151,7 @@ def sweep_table(field: str, values: list, reports: list[dict]) -> Table:
     cautions = (size_caution(r["convergence"]) for r in reports if "unavailable" not in r["convergence"])
     caution = next((c for c in cautions if c), None)
     if caution:
-        t.caption += "; " + " ".join(line.strip() for line in caution)
+        t.caption += "; " + "; ".join(line.strip() for line in caution)
     return t
 
 

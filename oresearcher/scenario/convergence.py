@@ -56,10 +56,11 @@ class ConvergenceSpec(Strict):
     proxy_seeds: Int = Field(3, ge=1, le=10, description="proxy seeds; their spread is the band")
     cache_dir: str = Field("runs/.convergence-cache", min_length=1, max_length=500,
                            description="where proxy results are kept, keyed by their inputs")
-    ladder: Optional[str] = Field(None, min_length=1, max_length=500, description="a measured size ladder's fits "
-                                  "(benchmarks/results/scaling-fits.json, written by benchmarks/bench_scaling.py "
-                                  "--check): the strategy's multiplier comes from its trend with model size there, "
-                                  "extrapolated, instead of a proxy run (docs/scaling.md); unset: the proxy")
+    ladder: str = Field("shipped", min_length=1, max_length=500, description="where the strategy's "
+                        "multiplier comes from: 'shipped' (the size ladder measured on real text that ships "
+                        "with the package, benchmarks/bench_scaling.py; the proxy for settings it did not "
+                        "measure), a ladder's fits file (its trend with model size, extrapolated; no row: no "
+                        "prediction), or 'none' (the proxy: a small model trained now). docs/scaling.md")
 
     @field_validator("proxy_model")
     @classmethod

@@ -120,3 +120,13 @@ def test_a_single_start_far_away_is_what_the_grid_guards_against():
     grid = S.fit_power(SIZES, loss)
     one = S.fit_power(SIZES, loss, grid={"a": (20.0,), "alpha": (2.5,), "c": (-4.0,)})
     assert grid.objective <= one.objective + 1e-15
+
+
+def test_non_embedding_parameters_leave_out_the_tables_and_an_untied_head():
+    from oresearcher.models import PRESETS, n_non_embedding, n_params
+
+    c = PRESETS["gpt-1.3b"]  # tied: token and position tables only
+    assert n_params("gpt-1.3b") - n_non_embedding("gpt-1.3b") == (c.vocab_size + c.max_seq_len) * c.d_model
+    c = PRESETS["llama-7b"]  # rotary (no position table), an untied output layer
+    assert n_params("llama-7b") - n_non_embedding("llama-7b") == 2 * c.vocab_size * c.d_model
+    assert n_non_embedding("text-25k") == 25_472

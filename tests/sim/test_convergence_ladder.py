@@ -37,7 +37,7 @@ def test_the_multiplier_is_the_trend_at_the_scenarios_n_and_nothing_trains(tmp_p
     monkeypatch.setattr(sc, "run_proxy", lambda *a, **k: pytest.fail("a proxy trained"))
     eff, info = sc.ladder_efficiency(s)
     trend = LL.Trend.fit(NS, (1.10, 1.12, 1.15, 1.16, 1.20))
-    n = sc.n_params(s.workload.model)
+    n = sc.n_non_embedding(s.workload.model)
     assert (eff.multiplier, eff.low, eff.high) == pytest.approx(trend.predict(n))
     assert eff.low < eff.multiplier < eff.high
     assert info["row"] == "cooperative" and info["distance"] == pytest.approx(n / NS[-1])
@@ -98,3 +98,24 @@ def test_the_rows_are_the_ladders_strategies():
     assert LL.row_for("diloco", "none", 50) == "diloco-h50" and LL.row_for("oresearcher", "none", 1) == "cooperative"
     assert LL.row_for("diloco", "none", 30) is None and LL.row_for("local_sgd", "none", 10) is None
     assert LL.row_for("oresearcher", "int8", 1) is None and LL.row_for("diloco", "int8", 10) is None
+
+
+def test_the_shipped_ladder_is_the_default_where_it_measured_the_settings_and_the_proxy_elsewhere(monkeypatch):
+    from oresearcher.models.ladder_law import SHIPPED
+
+    shipped = json.loads(SHIPPED.read_text())
+    calls = []
+    monkeypatch.setattr(sc, "run_proxy", lambda scenario, data, log=None: calls.append(data) or [2.0] * 50)
+    s = load_scenario(ROOT / "scenarios" / "8xA100.yaml", ["convergence.target_loss=2.6"])
+    assert s.convergence.ladder == "shipped" and sc.uses_ladder(s)
+    sec = sc.section(s, 1.0)
+    lad = sec["efficiency"]["ladder"]
+    want = LL.Trend.fit(*zip(*[(p["n"], p["m"]) for p in shipped["multipliers"]["cooperative"]]))
+    assert sec["efficiency"]["multiplier"] == pytest.approx(want.predict(sc.n_non_embedding(s.workload.model))[0])
+    assert lad["made_by"]["commit"] == shipped["made_by"][0]["commit"] and not calls  # nothing trained
+    other = load_scenario(ROOT / "scenarios" / "8xA100.yaml", ["convergence.target_loss=2.6",
+                                                               "training.strategy=diloco", "training.local_steps=20"])
+    assert not sc.uses_ladder(other)  # H = 20: the ladder ran 10 and 50, so the proxy measures it
+    assert "proxy" in sc._source(other)
+    off = load_scenario(ROOT / "scenarios" / "8xA100.yaml", ["convergence.target_loss=2.6", "convergence.ladder=none"])
+    assert not sc.uses_ladder(off) and "proxy" in sc._source(off)

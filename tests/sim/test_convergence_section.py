@@ -31,7 +31,8 @@ def _stub_runs(monkeypatch, speed: float):
 def test_section_by_hand_with_a_strategy_twice_as_efficient(monkeypatch, tmp_path):
     calls = _stub_runs(monkeypatch, 2.0)
     s = load_scenario("scenarios/8xA100.yaml", ["training.strategy=diloco", "convergence.target_loss=2.6",
-                                                "convergence.proxy_seeds=2", f"convergence.cache_dir={tmp_path}"])
+                                                "convergence.proxy_seeds=2", f"convergence.cache_dir={tmp_path}",
+                                                "convergence.ladder=none"])
     c = sc_mod.section(s, step_time_s=0.5)
     assert calls == ["ddp", "diloco"] * 2
     assert c["efficiency"]["multiplier"] == pytest.approx(2.0, rel=0.03)

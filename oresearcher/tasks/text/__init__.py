@@ -15,7 +15,7 @@ of the Union addresses, ``sotu``, and the King James Bible, ``bible``):
 4. Distil the final agents into one deployable model (``distill.student``; :mod:`.distill`),
    which ``run --export`` writes as a Hugging Face GPT-2 directory (:mod:`.hf`).
 
-Models (``workload.model``): ``text-25k`` ... ``text-1.5m`` (:data:`MODELS`,
+Models (``workload.model``): ``text-6k`` ... ``text-1.5m`` (:data:`MODELS`,
 :data:`oresearcher.models.PRESETS`: pre-LN blocks, learned positions, tanh GELU, tied
 embeddings; 128-token context; named by non-embedding parameters). Shape mode prices the
 same presets on the meta device. Scores: validation loss in nats/token and bits/byte, and the
@@ -26,7 +26,7 @@ from __future__ import annotations
 from ..spec import Task
 from .options import TextOptions
 
-MODELS = ("text-25k", "text-50k", "text-100k", "text-230k", "text-450k", "text-800k", "text-1.5m")
+MODELS = ("text-6k", "text-12k", "text-25k", "text-50k", "text-100k", "text-230k", "text-450k", "text-800k", "text-1.5m")
 # how raw inputs become model inputs (written into an exported model's JSON, oresearcher.export)
 PREPROCESSING = {"input": "UTF-8 text", "tokenizer": "tokenizer.json (byte-level BPE)",
                  "output": "next-token logits"}

@@ -1,5 +1,5 @@
 """The text task's models: the GPT-2-shaped presets of :data:`oresearcher.models.PRESETS`
-(``text-25k`` ... ``text-1.5m``, named by non-embedding parameters), residual dropout for
+(``text-6k`` ... ``text-1.5m``, named by non-embedding parameters), residual dropout for
 heterogeneous clones, and checkpoints (``model.safetensors`` + ``config.json``).
 
 A checkpoint is read in one of two layouts: this project's own tensor names

@@ -26,10 +26,10 @@ def _non_embedding(m) -> int:
     return sum(p.numel() for p in m.parameters()) - m.tok_emb.weight.numel() - m.pos_emb.weight.numel()
 
 
-def test_presets_span_25k_to_1_5m_non_embedding_parameters_in_order():
+def test_presets_span_6k_to_1_5m_non_embedding_parameters_in_order():
     sizes = [_non_embedding(build_model(n, device="meta")) for n in MODELS]
     assert sizes == sorted(sizes)
-    named = [25e3, 50e3, 100e3, 230e3, 450e3, 800e3, 1.5e6]
+    named = [6e3, 12e3, 25e3, 50e3, 100e3, 230e3, 450e3, 800e3, 1.5e6]
     for name, got, want in zip(MODELS, sizes, named):
         assert abs(got - want) / want < 0.05, (name, got)
     m = build_model("text-100k")
