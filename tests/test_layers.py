@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DIRS = {"oresearcher": "oresearcher", "sim": "oresearcher.sim", "backends": "oresearcher.backends"}
 LAYERS = [
     {"errors"},
-    {"ops", "seeds", "files", "yamlsafe", "testing"},  # the ops, their reference interpreter, small helpers
+    {"ops", "seeds", "files", "yamlsafe", "testing", "strict"},  # the ops, their reference interpreter, small helpers
     {"comm"},  # the cost of moving bytes: units, schedules, topology, the alpha-beta and NCCL tiers
     {"hardware"},  # device and fabric profiles
     {"models"},  # networks, their learners and measured costs

@@ -7,8 +7,9 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, PlainValidator
+from pydantic import Field, PlainSerializer, PlainValidator
 
+from ..strict import Float, Int, Strict  # noqa: F401 (every section's number types and base)
 # the collective algorithms a scenario may ask for: the communication room's names, and auto
 from ..comm import ALGORITHM_CHOICES as ALGORITHMS  # noqa: F401 (communication.algorithm's vocabulary)
 
@@ -21,14 +22,6 @@ MAX_NAME = 100  # characters of a device, fabric or model name
 SLUG = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
-def _not_bool(v):
-    if isinstance(v, bool):
-        raise ValueError("expected a number, not true/false")
-    return v
-
-
-Int = Annotated[int, BeforeValidator(_not_bool)]
-Float = Annotated[float, BeforeValidator(_not_bool)]
 Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME)]
 
 
@@ -64,5 +57,3 @@ def strategy_alias_error(name, flag: str = "strategy ") -> str | None:
     return f"{flag}{name} maps to {target}: {why}; use {flag}{target}"
 
 
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)

@@ -10,14 +10,7 @@ from hypothesis import given, settings, strategies as st
 from oresearcher.compare import main
 from oresearcher.reporting.compare import HEADLINE
 from oresearcher.errors import cli_main
-
-
-def _report(**kw):
-    r = {"step_time_s": 2.0, "compute_time_s": 1.5, "comm_time_s": 0.4, "exposed_comm_time_s": 0.5,
-         "comm_overhead": 0.25, "wire_bytes_per_step": 3.4e6, "backend": "sim", "world_size": 2,
-         "scenario": {"name": "local-gloo", "training": {"strategy": "ddp"}}}
-    r.update(kw)
-    return r
+from reportkit import report as _report
 
 
 def _write(path, report):

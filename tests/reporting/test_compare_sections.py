@@ -6,16 +6,9 @@ import pytest
 
 from oresearcher.compare import main
 from oresearcher.errors import cli_main
+from reportkit import report as _report
 
 LAW = {"E": 1.69, "A": 406.4, "B": 410.7, "alpha": 0.34, "beta": 0.28, "source": "x"}
-
-
-def _report(**kw):
-    r = {"step_time_s": 2.0, "compute_time_s": 1.5, "comm_time_s": 0.4, "exposed_comm_time_s": 0.5,
-         "comm_overhead": 0.25, "wire_bytes_per_step": 3.4e6, "backend": "sim", "world_size": 2,
-         "scenario": {"name": "local-gloo", "training": {"strategy": "ddp"}}}
-    r.update(kw)
-    return r
 
 
 def _section(**kw):

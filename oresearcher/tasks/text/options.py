@@ -17,27 +17,11 @@ from __future__ import annotations
 
 from typing import Literal, Optional
 
-from typing import Annotated
+from pydantic import Field, model_validator
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from ...strict import Float, Int, Strict
 
 MAX_STEPS = 10**7
-
-
-def _not_bool(v):
-    if isinstance(v, bool):
-        raise ValueError("expected a number, not true/false")
-    return v
-
-
-# as the scenario's own types (oresearcher.scenario.types), declared here because the scenario
-# package imports the tasks to check their options
-Int = Annotated[int, BeforeValidator(_not_bool)]
-Float = Annotated[float, BeforeValidator(_not_bool)]
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 CORPORA = ("sotu", "bible")
 Corpus = Literal["sotu", "bible"]
