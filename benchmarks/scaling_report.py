@@ -116,21 +116,22 @@ def seed_band(fitted: list[dict], others: dict, n: float, start: S.Fit,
     return float(lo), float(hi)
 
 
-def held_out(runs: dict, others: list | None = None, seeds_of: dict | None = None) -> dict | None:
+def held_out(runs: dict, seeds_of: dict | None = None) -> dict | None:
     """Fit on every size but the largest; predict the largest's final loss and steps to a
-    target; measured: the median over the largest size's seeds (``others``: its runs at other
-    seeds). The target is the smoothed loss at :data:`TARGET_AT` of the run of the seed with
-    the median final loss, so the median seed crosses it in its last third; a seed that never
-    crosses counts as past the run. ``seeds_of``: {model: the fitted sizes' runs at other
-    seeds}, for the prediction's seed band (:func:`seed_band`)."""
+    target; measured: the median over the largest size's seeds. ``seeds_of``: {model: its runs
+    at the other seeds}, the largest's for that median, the fitted sizes' for the prediction's
+    seed band (:func:`seed_band`). The target is the smoothed loss at :data:`TARGET_AT` of the
+    run of the seed with the median final loss, so the median seed crosses it in its last
+    third; a seed that never crosses counts as past the run."""
     order = sorted(runs.values(), key=lambda r: r["n"])
     if len(order) < 4:
         return None
     fitted, held = order[:-1], order[-1]
     size = fit_size(fitted, draws=0)
     pred_loss = float(S.power_law(held["n"], **size.coef))
-    band = seed_band(fitted, seeds_of or {}, held["n"], size)
-    seeds = [held, *(others or [])]
+    seeds_of = seeds_of or {}
+    band = seed_band(fitted, seeds_of, held["n"], size)
+    seeds = [held, *seeds_of.get(held["model"], [])]
     middle = sorted(seeds, key=lambda r: r["val_loss"])[(len(seeds) - 1) // 2]  # the median seed's run
     smooth = _smooth(middle)
     target = smooth[int(TARGET_AT * (len(smooth) - 1))]
@@ -222,8 +223,7 @@ def report(ladder: dict) -> dict:
         if len(rs) >= 3:
             out["size_law"][strategy] = fit_size(rs).as_dict()
             out["curve_law"][strategy] = fit_curve(rs).as_dict()
-        largest = max(models.values(), key=lambda r: r["n"])["model"]
-        out["held_out"][strategy] = held_out(models, extra.get(strategy, {}).get(largest), extra.get(strategy))
+        out["held_out"][strategy] = held_out(models, extra.get(strategy))
     chin = fit_chinchilla(chosen.get("ddp", {}), shorter)
     out["chinchilla_ddp"] = None if chin is None else chin.as_dict()
     out["multipliers"] = multipliers(chosen, chin)

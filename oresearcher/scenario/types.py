@@ -55,5 +55,3 @@ def strategy_alias_error(name, flag: str = "strategy ") -> str | None:
         return None
     target, why = STRATEGY_ALIASES[name.lower()]
     return f"{flag}{name} maps to {target}: {why}; use {flag}{target}"
-
-
