@@ -31,8 +31,10 @@ def draw(out: dict, path: Path) -> None:
         if h:
             ax.plot([h["n"]], [h["predicted_loss"]], "x", color=color, ms=9)
             c = h["curve"]
-            cx.plot(c["step"], c["measured"], "-", color=color, lw=1.2, label=f"{strategy} measured")
-            cx.plot(c["step"], c["predicted"], "--", color=color, lw=1, label=f"{strategy} predicted")
+            keep = [i for i, s in enumerate(c["step"]) if s >= 0.1 * c["step"][-1]]  # the law's fitted range:
+            step = [c["step"][i] for i in keep]  # after warm-up (scaling_report.curve_points)
+            cx.plot(step, [c["measured"][i] for i in keep], "-", color=color, lw=1.2, label=f"{strategy} measured")
+            cx.plot(step, [c["predicted"][i] for i in keep], "--", color=color, lw=1, label=f"{strategy} predicted")
             cx.axhline(h["target"], color=color, lw=0.5, ls=":")
         rows = out["multipliers"].get(strategy, [])
         key = "m" if rows and all("m" in r for r in rows) else "loss_ratio"
@@ -48,9 +50,9 @@ def draw(out: dict, path: Path) -> None:
     if bx.get_legend_handles_labels()[0]:
         bx.legend(fontsize=8)
     cx.set(xscale="log", xlabel="step", ylabel="training loss (nats/token), smoothed",
-           title="held-out size: its curve against the whole-curve law")
+           title="held-out size after warm-up vs the whole-curve law")
     if cx.get_legend_handles_labels()[0]:
-        cx.legend(fontsize=7)
+        cx.legend(fontsize=6, ncol=2, loc="lower left")
     fig.tight_layout()
     save_figure(fig, Path(path), dpi=110)
     plt.close(fig)

@@ -73,9 +73,10 @@ def schedule(run: dict) -> np.ndarray:
     return np.array([lr_at(i, run["steps"], run["lr"]) for i in range(run["steps"])])
 
 
-def curve_points(run: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(S1, S2, loss) at log-spaced steps after warm-up; curve[i] is the loss after i updates."""
-    s1, s2 = S.areas(schedule(run))
+def curve_points(run: dict, gamma: float = 1.0, ref: float | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(S1, S2, loss) at log-spaced steps after warm-up, the schedule read at ``gamma`` against
+    rate ``ref`` (S.at_rate); curve[i] is the loss after i updates."""
+    s1, s2 = S.areas(S.at_rate(schedule(run), gamma, ref))
     loss = np.asarray(updates(run), float)
     first = max(1, int(round(0.1 * run["steps"])))
     idx = np.unique(np.geomspace(first, len(loss) - 1, CURVE_POINTS).astype(int))
@@ -91,10 +92,28 @@ def fit_size(runs: list[dict], draws: int = DRAWS) -> S.Fit:
     return S.bootstrap(lambda x, y: S.fit_power(x, y, grid=S.grid_near(fit)), (n,), loss, fit, draws=draws)
 
 
-def fit_curve(runs: list[dict]) -> S.Fit:
-    cols = [(np.full(len(p[0]), r["n"]),) + p for r in runs for p in [curve_points(r)]]
+def fit_curve(runs: list[dict], gamma: float = 1.0, ref: float | None = None) -> S.Fit:
+    cols = [(np.full(len(p[0]), r["n"]),) + p for r in runs for p in [curve_points(r, gamma, ref)]]
     n, s1, s2, loss = (np.concatenate(c) for c in zip(*cols))
     return S.fit_curves(n, s1, s2, loss)
+
+
+def rate_exponent(runs: list[dict], chosen_ddp: dict) -> dict | None:
+    """The curve law's rate exponent gamma (S.profile_rate), profiled on data parallel's runs
+    at every size but the largest (every stored rate, budget and seed: the tuning grid is where
+    the peak rate varies), against the largest fitted size's tuned rate. None without two
+    peak rates among them."""
+    order = sorted(chosen_ddp.values(), key=lambda r: r["n"])
+    if len(order) < 4:
+        return None
+    ref = order[-2]["lr"]
+    pts = [r for r in runs if r["strategy"] == "ddp" and r["n"] < order[-1]["n"]]
+    rates = sorted({r["lr"] for r in pts})
+    if len(rates) < 2:
+        return None
+    gamma, objectives = S.profile_rate(lambda g: fit_curve(pts, g, ref))
+    return {"gamma": gamma, "ref": ref, "objectives": {str(g): v for g, v in objectives.items()},
+            "rates": rates, "runs": len(pts)}
 
 
 def seed_band(fitted: list[dict], others: dict, n: float, start: S.Fit,
@@ -116,13 +135,14 @@ def seed_band(fitted: list[dict], others: dict, n: float, start: S.Fit,
     return float(lo), float(hi)
 
 
-def held_out(runs: dict, seeds_of: dict | None = None) -> dict | None:
+def held_out(runs: dict, seeds_of: dict | None = None, rate: dict | None = None) -> dict | None:
     """Fit on every size but the largest; predict the largest's final loss and steps to a
     target; measured: the median over the largest size's seeds. ``seeds_of``: {model: its runs
     at the other seeds}, the largest's for that median, the fitted sizes' for the prediction's
     seed band (:func:`seed_band`). The target is the smoothed loss at :data:`TARGET_AT` of the
     run of the seed with the median final loss, so the median seed crosses it in its last
-    third; a seed that never crosses counts as past the run."""
+    third; a seed that never crosses counts as past the run. ``rate``: the curve law's rate
+    exponent (:func:`rate_exponent`); None reads schedules as Tissue et al. do (gamma 1)."""
     order = sorted(runs.values(), key=lambda r: r["n"])
     if len(order) < 4:
         return None
@@ -139,14 +159,16 @@ def held_out(runs: dict, seeds_of: dict | None = None) -> dict | None:
     measured = float(np.median([math.inf if c is None else c for c in crossings]))  # never: past the run
     measured = None if math.isinf(measured) else measured  # the median seed never got there
     final = float(np.median([r["val_loss"] for r in seeds]))
-    coef = fit_curve(fitted).coef
-    pred_steps = S.steps_to(coef, held["n"], schedule(held), target)
-    s1, s2 = S.areas(schedule(held))
+    gamma, ref = (rate["gamma"], rate["ref"]) if rate else (1.0, None)
+    coef = fit_curve(fitted, gamma, ref).coef
+    lrs = S.at_rate(schedule(held), gamma, ref)
+    pred_steps = S.steps_to(coef, held["n"], lrs, target)
+    s1, s2 = S.areas(lrs)
     at = np.unique(np.geomspace(1, len(smooth) - 1, 50).astype(int))  # curve[i]: after i updates (the cooperative
     # program records fewer steps than training.steps where its allocation gave the last round fewer)
     return {"curve": {"step": at.tolist(), "measured": [smooth[i] for i in at],
                       "predicted": S.curve_law(held["n"], s1[at - 1], s2[at - 1], **coef).tolist()},
-            "curve_coef": coef,"model": held["model"], "n": held["n"], "largest_fitted_n": fitted[-1]["n"],
+            "curve_coef": coef, "gamma": gamma, "model": held["model"], "n": held["n"], "largest_fitted_n": fitted[-1]["n"],
             "seeds": [r["seed"] for r in seeds], "final_losses": [r["val_loss"] for r in seeds],
             "steps_per_seed": crossings, "final_loss": final, "predicted_loss": pred_loss,
             "final_error": pred_loss / final - 1, "band": band, "curve_final": float(S.curve_law(
@@ -214,16 +236,19 @@ def fmt_fit(fit: S.Fit) -> str:
 
 def report(ladder: dict) -> dict:
     """Every fit and check of a stored ladder (JSON-ready)."""
-    chosen, tuned, shorter, extra = pick(list(ladder["runs"].values()))
-    out = {"tuned_lr": tuned, "size_law": {}, "curve_law": {}, "held_out": {}, "points": {}}
+    runs = list(ladder["runs"].values())
+    chosen, tuned, shorter, extra = pick(runs)
+    rate = rate_exponent(runs, chosen.get("ddp", {}))
+    gamma, ref = (rate["gamma"], rate["ref"]) if rate else (1.0, None)
+    out = {"tuned_lr": tuned, "size_law": {}, "curve_law": {}, "held_out": {}, "points": {}, "rate": rate}
     for strategy, models in chosen.items():
         rs = sorted(models.values(), key=lambda r: r["n"])
         out["points"][strategy] = [{"model": r["model"], "n": r["n"], "tokens": r["steps"] * r["tokens_per_step"],
                                     "val_loss": r["val_loss"], "lr": r["lr"]} for r in rs]
         if len(rs) >= 3:
             out["size_law"][strategy] = fit_size(rs).as_dict()
-            out["curve_law"][strategy] = fit_curve(rs).as_dict()
-        out["held_out"][strategy] = held_out(models, extra.get(strategy))
+            out["curve_law"][strategy] = fit_curve(rs, gamma, ref).as_dict()
+        out["held_out"][strategy] = held_out(models, extra.get(strategy), rate)
     chin = fit_chinchilla(chosen.get("ddp", {}), shorter)
     out["chinchilla_ddp"] = None if chin is None else chin.as_dict()
     out["multipliers"] = multipliers(chosen, chin)
@@ -258,6 +283,11 @@ def print_report(out: dict, made_by: list) -> None:
         print(f"{strategy:12s} " + "  ".join(f"{p['model']} {p['val_loss']:.4f}" for p in pts))
     for strategy, fit in out["size_law"].items():
         print(f"size law {strategy}: L(N) = A N^-alpha + C: {fmt_fit(S.Fit(**fit_args(fit)))}")
+    rate = out.get("rate")
+    if rate:
+        print(f"curve law's rate exponent gamma {rate['gamma']:g} (schedules scaled by (peak / {rate['ref']:g})^(gamma - 1);"
+              f" profiled on data parallel's {rate['runs']} runs at rates {', '.join(f'{x:g}' for x in rate['rates'])}):"
+              " objective by gamma " + ", ".join(f"{g} {v:.5f}" for g, v in rate["objectives"].items()))
     for strategy, fit in out["curve_law"].items():
         print(f"curve law {strategy}: {fit['form']}: " + ", ".join(f"{k} {v:.4g}" for k, v in fit["coef"].items()))
     chin = out["chinchilla_ddp"]

@@ -106,3 +106,20 @@ def test_a_size_run_at_three_seeds_is_stood_for_by_its_median_seed():
     assert tuned == {model: 3e-3}
     assert chosen["ddp"][model]["seed"] == 2  # E 2.2 lies between 2.0 and 2.5, though seed 0 tuned the rate
     assert sorted(r["seed"] for r in extra["ddp"][model]) == [0, 1]
+
+
+def test_the_curve_laws_rate_exponent_is_profiled_on_the_tuning_grid_and_carries_to_another_peak():
+    # curves that do not depend on the peak rate (the law read at gamma 0): every fitted size at
+    # two rates, the held-out size at a third, half the fitted sizes' tuned rate
+    def made(model, lr, seed=0):
+        run = synthetic_run(model, "ddp", 3e-3, B.budget_steps(model, 2), LAW)
+        return {**run, "lr": lr, "seed": seed}
+    runs = [made(m, lr) for m in B.SIZES[:-1] for lr in (3e-3, 6e-3)]
+    runs += [made(B.SIZES[-1], 1.5e-3, seed) for seed in (0, 1, 2)]
+    chosen, tuned, _, extra = R.pick(runs)
+    rate = R.rate_exponent(runs, chosen["ddp"])
+    assert rate["gamma"] == 0.0 and rate["ref"] == 3e-3 and rate["rates"] == [3e-3, 6e-3]
+    h = R.held_out(chosen["ddp"], extra["ddp"], rate)
+    assert h["gamma"] == 0.0 and abs(h["steps_error"]) < 0.05
+    paper = R.held_out(chosen["ddp"], extra["ddp"])  # progress in summed rate: half as far at half the rate
+    assert paper["steps_error"] is None or abs(paper["steps_error"]) > 0.15

@@ -27,6 +27,15 @@ decreases anneal, as the paper treats warm-up). The paper's lambda is 0.999 for 
 at once, and :func:`steps_to` reads, for a size and schedule not fitted, the first step its
 predicted curve reaches a target.
 
+**The peak rate.** In Tissue et al.'s form progress is the sum of the rates, so a run at half
+the peak rate has made half the progress after the same steps. A ladder whose rate is tuned
+per size reads the law at rates it was not fitted on; near the optimum, loss depends little
+on the rate. :func:`at_rate` scales a schedule by ``(peak / ref)^(gamma - 1)`` before its
+areas are taken: ``gamma = 1`` is the paper's form, ``gamma = 0`` counts progress in steps of
+the schedule's shape at the reference rate. :func:`profile_rate` picks gamma in
+:data:`RATE_EXPONENTS` by the fit's objective on runs at several peak rates (profile
+likelihood; the law's other coefficients refitted at each gamma).
+
 **Intervals**: a residual bootstrap (refit on the fitted values times resampled
 multiplicative residuals; :func:`bootstrap`) gives percentile intervals. With a handful of
 sizes the interval describes the scatter about the fit, not the uncertainty a larger ladder
@@ -218,6 +227,28 @@ def fit_curves(n, s1, s2, loss, delta: float = HUBER_DELTA, grid: dict | None = 
     res = np.log(np.asarray(loss, float)) - np.log(curve_law(n, s1, s2, **coef))
     return Fit("L(N, s) = E + A / N^alpha + B S1^-beta - C S2", coef, float(best.fun), len(starts),
                _converged(objs, best.fun), tuple(float(x) for x in res))
+
+
+RATE_EXPONENTS = tuple(round(0.1 * i, 1) for i in range(11))  # gamma's grid, [0, 1]: the rate's
+# weight from none (progress per step of the schedule's shape) to the paper's (progress per unit rate)
+
+
+def at_rate(lrs, gamma: float = 1.0, ref: float | None = None) -> np.ndarray:
+    """Schedule ``lrs`` as the curve law reads it (module doc): scaled by
+    ``(peak / ref)^(gamma - 1)``; unchanged at ``gamma = 1`` or at the reference peak."""
+    eta = np.asarray(lrs, float)
+    if ref is None or gamma == 1.0:
+        return eta
+    return eta * (eta.max() / ref) ** (gamma - 1.0)
+
+
+def profile_rate(fit_at, exponents=RATE_EXPONENTS) -> tuple[float, dict]:
+    """(the gamma whose fit has the lowest objective, {gamma: objective}); ``fit_at(gamma)``
+    fits the whole-curve law with every schedule read at that gamma. Ties go to the larger
+    gamma (the paper's form)."""
+    objectives = {g: fit_at(g).objective for g in exponents}
+    best = min(objectives, key=lambda g: (objectives[g], -g))
+    return best, objectives
 
 
 def steps_to(coef: dict, n: float, lrs, target: float, momentum: float = MOMENTUM) -> int | None:

@@ -130,3 +130,41 @@ def test_non_embedding_parameters_leave_out_the_tables_and_an_untied_head():
     c = PRESETS["llama-7b"]  # rotary (no position table), an untied output layer
     assert n_params("llama-7b") - n_non_embedding("llama-7b") == 2 * c.vocab_size * c.d_model
     assert n_non_embedding("text-25k") == 25_472
+
+
+@given(peak=st.floats(1e-4, 1e-1), ref=st.floats(1e-4, 1e-1), steps=st.integers(20, 200))
+def test_at_rate_is_the_paper_at_gamma_1_and_the_schedules_shape_at_the_reference_at_gamma_0(peak, ref, steps):
+    lrs = cosine(steps, peak)
+    assert np.array_equal(S.at_rate(lrs, 1.0, ref), lrs)
+    shape = S.at_rate(lrs, 0.0, ref)  # what the same schedule would be at peak ref
+    assert np.allclose(shape, cosine(steps, ref), rtol=1e-9)
+    s1, s2 = S.areas(shape)
+    r1, r2 = S.areas(cosine(steps, ref))
+    assert np.allclose(s1, r1, rtol=1e-9) and np.allclose(s2, r2, rtol=1e-9, atol=1e-15)
+
+
+QUICK = {"e": (0.0, 1.0), "a": (2.0, 4.0), "alpha": (0.3,), "b": (0.0,), "beta": (0.5,), "c": (0.0,)}  # 4 starts
+
+
+@settings(max_examples=4, deadline=None)
+@given(gamma=st.sampled_from([0.0, 0.5, 1.0]), seed=st.integers(0, 99))
+def test_profile_rate_recovers_the_rates_weight_of_curves_made_at_three_peaks(gamma, seed):
+    coef = {"E": 2.0, "A": 40.0, "alpha": 0.3, "B": 0.9, "beta": 0.5, "C": 1.0}
+    ref, cols = 6e-3, []
+    for n in SIZES[:4]:
+        steps = int(20 * n / 1024)
+        for peak in (3e-3, 6e-3, 1.2e-2):  # the tuning grid
+            s1, s2 = S.areas(S.at_rate(cosine(steps, peak), gamma, ref))
+            idx = np.unique(np.geomspace(steps // 10, steps - 1, 30).astype(int))
+            cols.append((np.full(idx.size, n), s1[idx], s2[idx], noisy(S.curve_law(n, s1[idx], s2[idx], **coef),
+                                                                       1e-4, seed)))
+
+    def fit_at(g):
+        n, a, b, loss = (np.concatenate(c) for c in zip(*cols))
+        scale = np.concatenate([np.full(c[0].size, (p / ref) ** (g - gamma)) for c, p in
+                                zip(cols, [3e-3, 6e-3, 1.2e-2] * 4)])
+        return S.fit_curves(n, a * scale, b * scale, loss, grid=QUICK)  # the areas as read at g
+
+    got, objectives = S.profile_rate(fit_at)
+    assert got == gamma and len(objectives) == len(S.RATE_EXPONENTS)
+    assert objectives[gamma] < min(v for g, v in objectives.items() if abs(g - gamma) >= 0.5)
