@@ -3,24 +3,29 @@ from what calibration itself measured (pure).
 
 A prediction is the simulator run at the rates calibration measured. A real run later
 meets the host at another moment: on a shared machine its level (how fast a step goes,
-how long ranks wait at a collective) drifts by more than any model error. Calibration
-sees that drift in its own repeats: it times ``compute_steps`` consecutive steps with
-every rank busy, and each of the program's own collectives. Split into ``blocks`` runs
-of consecutive steps (collectives), the block means spread as the host's level moved
-while it ran (:func:`level_cv`). The run and the calibration each sample that level once,
-independently, so their difference has sqrt(2) times that spread; the band is two of
-those (about 95% of a normal spread), plus the share of CPU time the hypervisor took
-from the machine while calibration ran (a host busier than its load says; that time can
-be there during the run or not), plus how far the host's contention moved while it ran
-(the share of a core a process gets, from the 1-minute load average before and after:
-:func:`contention_change`):
+how long ranks wait at a collective) drifts, and each step scatters about that level.
+Calibration sees both in its own repeats: it times ``compute_steps`` consecutive steps with
+every rank busy, and each of the program's own collectives. Split into ``blocks`` runs of
+consecutive steps (collectives), the series is read as a one-way random-effects model
+(:func:`difference_cv`): a level drawn per block (the host's drift, variance ``L``) plus an
+independent scatter per step (variance ``W``, pooled within the blocks). The block means
+vary by ``L + W / b`` (``b`` steps a block), so ``L`` is that spread less ``W / b``, at
+least 0. A run as long as the calibration and the calibration each meet the level once and
+average their own ``n`` steps, so their difference has the variance ``2 (L + W / n)``;
+the band is two of its standard deviations (about 95%), relative to the mean, plus the
+share of CPU time the hypervisor took from the machine while calibration ran (a host
+busier than its load says; that time can be there during the run or not), plus how far the
+host's contention moved while it ran (the share of a core a process gets, from the
+1-minute load average before and after: :func:`contention_change`):
 
-    half width = 2 x sqrt(2) x cv + stolen share + contention change
+    half width = 2 x sqrt(2 (L + W / n)) / mean + stolen share + contention change
 
-for the step time (the steps' cv) and for the communication overhead (exposed over
-step: the two cvs combined, the exposed part from the collectives' waits and transfers).
-The band is what this host's calibration supports; when it is wider than the +-20% a
-prediction is useful at, the report says so instead of narrowing it.
+for the step time (the steps) and for the communication overhead (exposed over step: the
+steps' and the collectives' relative spreads combined, the exposed part from the
+collectives' waits and transfers). Reading the spread of the block means as the level
+alone would count each step's scatter at ``1 / b`` instead of ``1 / n``, ``blocks`` times
+too much. The band is what this host's calibration supports; when it is wider than the
++-20% a prediction is useful at, the report says so instead of narrowing it.
 """
 from __future__ import annotations
 
@@ -35,23 +40,26 @@ USEFUL = 0.20  # wider than +-20%, a prediction no longer tells configurations a
 BLOCKS = 5
 
 
-def block_means(xs, blocks: int = BLOCKS) -> list[float]:
-    """Means of ``blocks`` runs of consecutive values (the last run takes the remainder);
-    fewer than 2 values a block: one block."""
+def _blocks(xs, blocks: int) -> list[list[float]]:
+    """``blocks`` runs of consecutive values (the last takes the remainder)."""
     xs = list(xs)
     size = len(xs) // blocks
-    if size < 2:
-        return [statistics.fmean(xs)] if xs else []
-    return [statistics.fmean(xs[i * size:(i + 1) * size if i < blocks - 1 else len(xs)]) for i in range(blocks)]
+    return [xs[i * size:(i + 1) * size if i < blocks - 1 else len(xs)] for i in range(blocks)]
 
 
-def level_cv(xs, blocks: int = BLOCKS) -> float:
-    """Spread of the level of a series over its consecutive blocks: std / mean of the block
-    means (0 with fewer than two blocks)."""
-    means = block_means(xs, blocks)
-    if len(means) < 2 or statistics.fmean(means) <= 0:
+def difference_cv(xs, blocks: int = BLOCKS) -> float:
+    """The relative standard deviation of the difference between the mean of ``xs`` and the
+    mean of as many steps of the same process at another moment (module doc):
+    ``sqrt(2 (L + W / n)) / mean``, ``W`` the scatter pooled within ``blocks`` runs of
+    consecutive values, ``L = max(0, var(block means) - W / b)`` the level's drift. 0 with
+    fewer than 2 values a block."""
+    xs = list(xs)
+    if len(xs) < 2 * blocks or statistics.fmean(xs) <= 0:
         return 0.0
-    return statistics.stdev(means) / statistics.fmean(means)
+    parts = _blocks(xs, blocks)
+    within = sum((len(p) - 1) * statistics.variance(p) for p in parts) / (len(xs) - blocks)
+    level = max(0.0, statistics.variance([statistics.fmean(p) for p in parts]) - within * blocks / len(xs))
+    return math.sqrt(2.0 * (level + within / len(xs))) / statistics.fmean(xs)
 
 
 def group_pace(step_seconds_per_rank) -> list[float]:
@@ -68,10 +76,10 @@ def exposed_series(arrival_waits, transfer_s: dict) -> list[float]:
 
 
 def half_widths(step_cv: float, exposed_cv: float, stolen: float = 0.0) -> dict:
-    """{'step_time': w, 'comm_overhead': w}: the band's relative half widths (module doc)."""
-    k = Z * math.sqrt(2.0)
-    return {"step_time": k * step_cv + stolen,
-            "comm_overhead": k * math.hypot(step_cv, exposed_cv) + stolen}
+    """{'step_time': w, 'comm_overhead': w}: the band's relative half widths (module doc),
+    from the steps' and the collectives' :func:`difference_cv`."""
+    return {"step_time": Z * step_cv + stolen,
+            "comm_overhead": Z * math.hypot(step_cv, exposed_cv) + stolen}
 
 
 def cpu_ticks(path: str = "/proc/stat") -> tuple[int, int] | None:

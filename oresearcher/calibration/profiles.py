@@ -14,7 +14,7 @@ from ..hardware import JITTER_CV_MAX
 from ..errors import UserError
 from ..comm.units import GB, NS, US, s_to_us
 from .fabric_fit import FabricFit
-from .band import BLOCKS, USEFUL, exposed_series, group_pace, half_widths, level_cv
+from .band import BLOCKS, USEFUL, difference_cv, exposed_series, group_pace, half_widths
 from .jitter import fit_wake, op_jitter_cv, own_slowness, persistence_rho, pooled_cv, simulated_meetings
 from .record import Measurement
 
@@ -125,9 +125,9 @@ def jitter_fit(m: Measurement) -> tuple[float, float]:
 
 def band_fit(m: Measurement) -> dict | None:
     """The prediction band's relative half widths (:mod:`.band`) from the calibration's own
-    repeats: the level spread of its steps (mean over ranks) over consecutive blocks, and
-    of the time ranks were held at the program's own collectives (each one's in-run
-    transfer plus its waits), plus the CPU share stolen and the change of a core's share
+    repeats: how far the mean of its steps (mean over ranks), and of the time ranks were held
+    at the program's own collectives (each one's in-run transfer plus its waits), may differ
+    from a run's (the level's drift over consecutive blocks and each step's scatter), plus the CPU share stolen and the change of a core's share
     (the host's contention) while it ran. None with fewer than
     two steps a block (nothing to see the level move in)."""
     m = Measurement.of(m)
@@ -138,7 +138,7 @@ def band_fit(m: Measurement) -> dict | None:
     for r in m.inrun_collectives:
         by_kind.setdefault(r["kind"], []).append(r["time_s"])
     held = exposed_series(m.arrival_waits, {k: statistics.fmean(ts) for k, ts in by_kind.items()})
-    return half_widths(level_cv(pace), level_cv(held), (m.stolen_share or 0.0) + (m.contention_change or 0.0))
+    return half_widths(difference_cv(pace), difference_cv(held), (m.stolen_share or 0.0) + (m.contention_change or 0.0))
 
 
 def _band_line(device: dict) -> list[str]:
@@ -147,7 +147,8 @@ def _band_line(device: dict) -> list[str]:
         return []
     wide = [k.replace("_", " ") for k, w in b.items() if w > USEFUL]
     return [f"# prediction band: step time +-{b['step_time']:.0%}, communication overhead +-{b['comm_overhead']:.0%} "
-            f"(2 x sqrt(2) x the level spread over {BLOCKS} blocks of this calibration's steps and collectives, plus "
+            f"(2 standard deviations of a run's mean against this calibration's: the level's drift over {BLOCKS} blocks "
+            "of its steps and collectives and each one's scatter, plus "
             "the CPU share stolen and the change of a core's share while it ran; calibration/band.py)"
             + (f"; wider than +-{USEFUL:.0%} for {', '.join(wide)}: this host moved too much while it was measured"
                if wide else "") + "."]

@@ -13,30 +13,58 @@ from oresearcher.reporting.compare import band_lines, band_verdicts
 from oresearcher.sim.simulate import prediction_band
 
 
-def test_level_cv_golden():
-    # two blocks of 5 steps at 1 and 2 s: block means 1, 2; std 0.7071 over a mean of 1.5
-    assert B.block_means([1.0] * 5 + [2.0] * 5, blocks=2) == [1.0, 2.0]
-    assert B.level_cv([1.0] * 5 + [2.0] * 5, blocks=2) == pytest.approx(math.sqrt(0.5) / 1.5)
+def test_difference_cv_golden():
+    # level only: blocks [1, 1], [3, 3], [1, 1], [3, 3], [2, 2]: no scatter inside, block means
+    # 1, 3, 1, 3, 2 (variance 1): sqrt(2 x 1) / mean 2
+    assert B.difference_cv([1.0, 1.0, 3.0, 3.0, 1.0, 1.0, 3.0, 3.0, 2.0, 2.0]) == pytest.approx(math.sqrt(2) / 2)
+    # scatter only: five blocks [1, 3]: W = 2 pooled, block means all 2 so L = max(0, 0 - 2 / 2) = 0;
+    # n = 10: sqrt(2 x 2 / 10) / 2 (the block means' spread alone would say 0)
+    assert B.difference_cv([1.0, 3.0] * 5) == pytest.approx(math.sqrt(0.4) / 2)
+    # both: blocks [0, 2], [2, 4]: W = 2, block means 1, 3 (variance 2), L = 2 - 2 / 2 = 1, n = 4:
+    # sqrt(2 (1 + 2 / 4)) / mean 2
+    assert B.difference_cv([0.0, 2.0, 2.0, 4.0], blocks=2) == pytest.approx(math.sqrt(3) / 2)
     # 11 values in 5 blocks: 2 each, the last takes 3
-    assert B.block_means(list(range(11)), blocks=5) == [0.5, 2.5, 4.5, 6.5, 9.0]
-    assert B.level_cv([3.0] * 9) == 0.0  # fewer than 2 a block: one block, no spread
+    assert B._blocks(range(11), 5) == [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9, 10]]
+    assert B.difference_cv([3.0] * 9) == 0.0  # fewer than 2 a block: nothing to read
 
 
 def test_half_widths_golden():
-    """2 x sqrt(2) x cv plus the stolen share: step 2.828 x 0.05 + 0.02 = 0.1614; overhead
-    2.828 x hypot(0.05, 0.10) + 0.02 = 2.828 x 0.1118 + 0.02 = 0.3362."""
+    """2 x the difference's cv plus the stolen share: step 2 x 0.05 + 0.02 = 0.12; overhead
+    2 x hypot(0.05, 0.10) + 0.02 = 2 x 0.1118 + 0.02 = 0.2436."""
     w = B.half_widths(0.05, 0.10, 0.02)
-    assert w["step_time"] == pytest.approx(0.1614, abs=1e-4)
-    assert w["comm_overhead"] == pytest.approx(0.3362, abs=1e-4)
+    assert w["step_time"] == pytest.approx(0.12, abs=1e-4)
+    assert w["comm_overhead"] == pytest.approx(0.2436, abs=1e-4)
 
 
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.floats(0.01, 10.0), min_size=10, max_size=60), st.floats(0.1, 100.0))
-def test_level_cv_is_scale_free_and_the_band_holds_its_centre(xs, c):
-    assert B.level_cv([c * x for x in xs]) == pytest.approx(B.level_cv(xs), rel=1e-6, abs=1e-12)
-    w = B.half_widths(B.level_cv(xs), 0.0)["step_time"]
+def test_difference_cv_is_scale_free_and_the_band_holds_its_centre(xs, c):
+    assert B.difference_cv([c * x for x in xs]) == pytest.approx(B.difference_cv(xs), rel=1e-6, abs=1e-12)
+    w = B.half_widths(B.difference_cv(xs), 0.0)["step_time"]
     lo, hi = B.band(c, w)
     assert lo <= c <= hi and hi - c == pytest.approx(c * w)
+
+
+@pytest.mark.parametrize("level_sd,step_sd,low,high", [(0.0, 0.2, 0.92, 0.98), (0.1, 0.0, 0.90, 0.96),
+                                                        (0.05, 0.2, 0.90, 0.97)])
+def test_the_band_covers_a_later_runs_mean(level_sd, step_sd, low, high):
+    """Steps that scatter about a level: a calibration of 30 steps whose level is drawn anew
+    every 6 (the drift it sees), then a run of 30 at one level of its own. With scatter only,
+    the run's mean lies within 2 x difference_cv of the calibration's about 95% of 2,000
+    draws. Where the level drifts, a little less (93% with the level alone): five blocks
+    estimate its spread with 4 degrees of freedom, and 2 is a normal's quantile, not
+    Student's (2.78); the run sitting at one level while the calibration averages five
+    makes up part of it."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    inside = 0
+    for _ in range(2000):
+        cal = 1.0 + np.repeat(rng.normal(0.0, level_sd, 5), 6) + rng.normal(0.0, step_sd, 30)
+        run = 1.0 + rng.normal(0.0, level_sd) + rng.normal(0.0, step_sd, 30)
+        w = B.half_widths(B.difference_cv(cal.tolist()), 0.0)["step_time"]
+        inside += abs(run.mean() / cal.mean() - 1) <= w
+    assert low <= inside / 2000 <= high
 
 
 def test_contention_change_golden():
@@ -57,14 +85,19 @@ def _record(**kw):
 
 
 def test_band_fit_from_a_calibration_golden():
-    """Pace by blocks of 2 steps: 0.1, 0.1, 0.1, 0.12, 0.12 (cv = std 0.010954 / mean 0.108 =
-    0.10143); held at the collectives (0.01 s transfer + wait): 0.01 x 5 then 0.02 x 5, blocks
-    0.01, 0.01, 0.015, 0.02, 0.02 (cv 0.005 / 0.015 = 0.33333); stolen 0.6% and the core
+    """Pace by blocks of 2 steps: 0.1, 0.1, 0.1, 0.12, 0.12: no scatter inside a block (W 0),
+    block means' variance 1.2e-4 = L: sqrt(2 x 1.2e-4) / mean 0.108 = 0.14344. Held at the
+    collectives (0.01 s transfer + wait): 0.01 x 5 then 0.02 x 5, blocks [0.01, 0.01] x 2,
+    [0.01, 0.02], [0.02, 0.02] x 2: W = 5e-5 / 9 (the third block's variance over 10 - 5
+    degrees of freedom... 1 of them), block means 0.01, 0.01, 0.015, 0.02, 0.02 (variance
+    2.5e-5), L = 2.5e-5 - W / 2, n = 10: sqrt(2 (L + W / 10)) / 0.015; stolen 0.6% and the core
     share moved by 0.4%: + 1%."""
     w = band_fit(_record())
-    k = 2 * math.sqrt(2)
-    assert w["step_time"] == pytest.approx(k * 0.10143 + 0.01, rel=1e-3)
-    assert w["comm_overhead"] == pytest.approx(k * math.hypot(0.10143, 1 / 3) + 0.01, rel=1e-3)
+    step = math.sqrt(2 * 1.2e-4) / 0.108
+    within = 5e-5 / 5  # the third block's (0.01 - 0.015)^2 + (0.02 - 0.015)^2 over 10 values - 5 blocks
+    held = math.sqrt(2 * (2.5e-5 - within / 2 + within / 10)) / 0.015
+    assert w["step_time"] == pytest.approx(2 * step + 0.01, rel=1e-3)
+    assert w["comm_overhead"] == pytest.approx(2 * math.hypot(step, held) + 0.01, rel=1e-3)
     assert band_fit(_record(step_seconds_per_rank=[[0.1] * 9, [0.1] * 9])) is None  # too few steps
 
 
