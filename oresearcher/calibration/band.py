@@ -12,13 +12,15 @@ independent scatter per step (variance ``W``, pooled within the blocks). The blo
 vary by ``L + W / b`` (``b`` steps a block), so ``L`` is that spread less ``W / b``, at
 least 0. A run as long as the calibration and the calibration each meet the level once and
 average their own ``n`` steps, so their difference has the variance ``2 (L + W / n)``;
-the band is two of its standard deviations (about 95%), relative to the mean, plus the
+the band is Student's 97.5% quantile of its standard deviations (a two-sided 95% band; the
+degrees of freedom are Satterthwaite's: about 4 where five block means carry the spread,
+25 where the steps' scatter does), relative to the mean, plus the
 share of CPU time the hypervisor took from the machine while calibration ran (a host
 busier than its load says; that time can be there during the run or not), plus how far the
 host's contention moved while it ran (the share of a core a process gets, from the
 1-minute load average before and after: :func:`contention_change`):
 
-    half width = 2 x sqrt(2 (L + W / n)) / mean + stolen share + contention change
+    half width = t(0.975, dof) x sqrt(2 (L + W / n)) / mean + stolen share + contention change
 
 for the step time (the steps) and for the communication overhead (exposed over step: the
 steps' and the collectives' relative spreads combined, the exposed part from the
@@ -35,7 +37,6 @@ from pathlib import Path
 
 from ..reporting.compare import band  # noqa: F401  (the band itself: the simulator reads it there)
 
-Z = 2.0  # half widths in standard deviations of the difference (about 95%)
 USEFUL = 0.20  # wider than +-20%, a prediction no longer tells configurations apart
 BLOCKS = 5
 
@@ -47,19 +48,38 @@ def _blocks(xs, blocks: int) -> list[list[float]]:
     return [xs[i * size:(i + 1) * size if i < blocks - 1 else len(xs)] for i in range(blocks)]
 
 
-def difference_cv(xs, blocks: int = BLOCKS) -> float:
-    """The relative standard deviation of the difference between the mean of ``xs`` and the
-    mean of as many steps of the same process at another moment (module doc):
-    ``sqrt(2 (L + W / n)) / mean``, ``W`` the scatter pooled within ``blocks`` runs of
-    consecutive values, ``L = max(0, var(block means) - W / b)`` the level's drift. 0 with
-    fewer than 2 values a block."""
+def difference_cv(xs, blocks: int = BLOCKS) -> tuple[float, float]:
+    """(cv, dof): the relative standard deviation of the difference between the mean of
+    ``xs`` and the mean of as many steps of the same process at another moment (module doc),
+    ``sqrt(2 (L + W / n)) / mean`` with ``W`` the scatter pooled within ``blocks`` runs of
+    consecutive values and ``L = max(0, var(block means) - W / b)`` the level's drift; and
+    the degrees of freedom of that estimate (Satterthwaite's, the drift's part counted at the
+    block means' ``k - 1``, the scatter's at ``n - k``: ``k - 1`` where the drift carries the
+    spread, ``n - k`` where the scatter does). (0, inf) with fewer than 2 values a block."""
     xs = list(xs)
     if len(xs) < 2 * blocks or statistics.fmean(xs) <= 0:
-        return 0.0
-    parts = _blocks(xs, blocks)
-    within = sum((len(p) - 1) * statistics.variance(p) for p in parts) / (len(xs) - blocks)
-    level = max(0.0, statistics.variance([statistics.fmean(p) for p in parts]) - within * blocks / len(xs))
-    return math.sqrt(2.0 * (level + within / len(xs))) / statistics.fmean(xs)
+        return 0.0, math.inf
+    n, parts = len(xs), _blocks(xs, blocks)
+    within = sum((len(p) - 1) * statistics.variance(p) for p in parts) / (n - blocks)
+    level = max(0.0, statistics.variance([statistics.fmean(p) for p in parts]) - within * blocks / n)
+    terms = ((2.0 * level, blocks - 1), (2.0 * within / n, n - blocks))
+    var = terms[0][0] + terms[1][0]
+    return math.sqrt(var) / statistics.fmean(xs), satterthwaite(var, terms)
+
+
+def satterthwaite(var: float, terms) -> float:
+    """Degrees of freedom of a variance ``var`` estimated as a sum of ``terms`` (c s^2, d):
+    ``var^2 / sum((c s^2)^2 / d)`` (Satterthwaite 1946); inf for a zero or exact estimate."""
+    den = sum(v * v / d for v, d in terms)
+    return var * var / den if den > 0 and var > 0 else math.inf
+
+
+def quantile(dof: float) -> float:
+    """Student's t at 97.5% with ``dof`` degrees of freedom (1.96 at inf): the half width of
+    a two-sided 95% band in standard deviations of an estimated spread."""
+    from scipy.stats import t
+
+    return float(t.ppf(0.975, max(dof, 1.0)))
 
 
 def group_pace(step_seconds_per_rank) -> list[float]:
@@ -75,11 +95,16 @@ def exposed_series(arrival_waits, transfer_s: dict) -> list[float]:
     return [transfer_s.get(r["kind"], 0.0) + r["wait_s"] for r in arrival_waits]
 
 
-def half_widths(step_cv: float, exposed_cv: float, stolen: float = 0.0) -> dict:
+def half_widths(step: tuple[float, float], exposed: tuple[float, float], stolen: float = 0.0) -> dict:
     """{'step_time': w, 'comm_overhead': w}: the band's relative half widths (module doc),
-    from the steps' and the collectives' :func:`difference_cv`."""
-    return {"step_time": Z * step_cv + stolen,
-            "comm_overhead": Z * math.hypot(step_cv, exposed_cv) + stolen}
+    from the steps' and the collectives' :func:`difference_cv` (each a (cv, dof)): Student's
+    quantile at the spread's degrees of freedom times the spread; the overhead's two spreads
+    add in quadrature, their degrees of freedom by Satterthwaite."""
+    (a, da), (b, db) = step, exposed
+    both = a * a + b * b
+    dof = satterthwaite(both, ((a * a, da), (b * b, db)))
+    return {"step_time": quantile(da) * a + stolen,
+            "comm_overhead": quantile(dof) * math.sqrt(both) + stolen}
 
 
 def cpu_ticks(path: str = "/proc/stat") -> tuple[int, int] | None:
