@@ -241,8 +241,10 @@ def ladder_efficiency(scenario: Scenario) -> tuple[cv.Efficiency | str, dict]:
     n = n_non_embedding(scenario.workload.model)  # the ladder's N (its sizes are non-embedding)
     m, low, high = trend.predict(n)
     chin = fits.get("chinchilla_ddp") or {}
-    made = (fits.get("made_by") or [{}])[0]
-    info = {"file": scenario.convergence.ladder, "made_by": {k: made.get(k) for k in ("command", "commit", "host")},
+    made = fits.get("made_by") or [{}]
+    commits = list(dict.fromkeys(m["commit"][:7] for m in made if m.get("commit")))  # every invocation's, in order
+    info = {"file": scenario.convergence.ladder, "made_by": {"command": made[0].get("command"), "host": made[0].get("host"),
+                                                              "commit": ", ".join(commits) or None},
             "row": row, "sizes": trend.n, "largest_n": trend.largest,
             "distance": n / trend.largest, "slope": trend.b,
             "rule": "95% prediction interval of ln m on ln N (Student's t, n - 2 dof)",

@@ -63,7 +63,8 @@ def size_caution(c: dict) -> list[str]:
 def ladder_lines(lad: dict) -> list[str]:
     """Where a ladder multiplier comes from, how far it is carried, and the published anchor."""
     made = lad.get("made_by") or {}
-    by = f" (bench_scaling.py, commit {made['commit'][:7]})" if made.get("commit") else ""
+    commits = made.get("commit") or ""
+    by = f" (bench_scaling.py, commit{'s' if ',' in commits else ''} {commits})" if commits else ""
     out = [f"  ladder: {lad['file']}{by}",
            f"  {lad['sizes']} sizes, N up to {lad['largest_n']:,.0f} (non-embedding); read {lad['distance']:,.0f}x past it",
            f"  ln m slope {lad['slope']:+.3f} per ln N; band: its 95% prediction interval"]
