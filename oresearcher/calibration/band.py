@@ -22,9 +22,11 @@ host's contention moved while it ran (the share of a core a process gets, from t
 
     half width = t(0.975, dof) x sqrt(2 (L + W / n)) / mean + stolen share + contention change
 
-for the step time (the steps) and for the communication overhead (exposed over step: the
-steps' and the collectives' relative spreads combined, the exposed part from the
-collectives' waits and transfers). Reading the spread of the block means as the level
+for the step time and for the communication overhead, with the compute steps' and the
+collectives' spreads propagated to first order: a step is compute C plus the time ranks are
+held at collectives E (h = E / (C + E) of it, from the same calibration), so the step
+time's spread is ``hypot((1 - h) cv_C, h cv_E)`` and the overhead's ``(1 - h) hypot(cv_C,
+cv_E)`` (:func:`half_widths`). Reading the spread of the block means as the level
 alone would count each step's scatter at ``1 / b`` instead of ``1 / n``, ``blocks`` times
 too much. The band is what this host's calibration supports; when it is wider than the
 +-20% a prediction is useful at, the report says so instead of narrowing it.
@@ -95,16 +97,33 @@ def exposed_series(arrival_waits, transfer_s: dict) -> list[float]:
     return [transfer_s.get(r["kind"], 0.0) + r["wait_s"] for r in arrival_waits]
 
 
-def half_widths(step: tuple[float, float], exposed: tuple[float, float], stolen: float = 0.0) -> dict:
+def exposed_share(pace, held) -> float:
+    """The share of a step ranks spend held at the program's collectives: their total per
+    step over compute plus it (``pace``: compute seconds per step; ``held``: seconds per
+    collective over the same steps); 0 without either."""
+    if not pace or not held:
+        return 0.0
+    e = sum(held) / len(pace)
+    return e / (statistics.fmean(pace) + e)
+
+
+def half_widths(step: tuple[float, float], exposed: tuple[float, float], stolen: float = 0.0,
+                share: float = 0.0) -> dict:
     """{'step_time': w, 'comm_overhead': w}: the band's relative half widths (module doc),
-    from the steps' and the collectives' :func:`difference_cv` (each a (cv, dof)): Student's
-    quantile at the spread's degrees of freedom times the spread; the overhead's two spreads
-    add in quadrature, their degrees of freedom by Satterthwaite."""
-    (a, da), (b, db) = step, exposed
-    both = a * a + b * b
-    dof = satterthwaite(both, ((a * a, da), (b * b, db)))
-    return {"step_time": quantile(da) * a + stolen,
-            "comm_overhead": quantile(dof) * math.sqrt(both) + stolen}
+    from the compute steps' and the collectives' :func:`difference_cv` (each a (cv, dof))
+    and ``share`` = h, the exposed part of a step (:func:`exposed_share`). A step is compute
+    C plus exposed E, so its relative spread is ``hypot((1 - h) cv_C, h cv_E)``; the overhead
+    E / (C + E) moves by ``(1 - h) (dE / E - dC / C)``, so its spread is
+    ``(1 - h) hypot(cv_C, cv_E)`` (first order, C and E independent). Each is multiplied by
+    Student's quantile at its degrees of freedom (Satterthwaite)."""
+    (c, dc), (e, de) = step, exposed
+    h = min(max(share, 0.0), 1.0)
+    a, b = (1 - h) * c, h * e
+    step_var = a * a + b * b
+    both = c * c + e * e
+    return {"step_time": quantile(satterthwaite(step_var, ((a * a, dc), (b * b, de)))) * math.sqrt(step_var) + stolen,
+            "comm_overhead": quantile(satterthwaite(both, ((c * c, dc), (e * e, de)))) * (1 - h) * math.sqrt(both)
+            + stolen}
 
 
 def cpu_ticks(path: str = "/proc/stat") -> tuple[int, int] | None:

@@ -14,7 +14,7 @@ from ..hardware import JITTER_CV_MAX
 from ..errors import UserError
 from ..comm.units import GB, NS, US, s_to_us
 from .fabric_fit import FabricFit
-from .band import BLOCKS, USEFUL, difference_cv, exposed_series, group_pace, half_widths
+from .band import BLOCKS, USEFUL, difference_cv, exposed_series, exposed_share, group_pace, half_widths
 from .jitter import fit_wake, op_jitter_cv, own_slowness, persistence_rho, pooled_cv, simulated_meetings
 from .record import Measurement
 
@@ -138,7 +138,8 @@ def band_fit(m: Measurement) -> dict | None:
     for r in m.inrun_collectives:
         by_kind.setdefault(r["kind"], []).append(r["time_s"])
     held = exposed_series(m.arrival_waits, {k: statistics.fmean(ts) for k, ts in by_kind.items()})
-    return half_widths(difference_cv(pace), difference_cv(held), (m.stolen_share or 0.0) + (m.contention_change or 0.0))
+    return half_widths(difference_cv(pace), difference_cv(held), (m.stolen_share or 0.0) + (m.contention_change or 0.0),
+                       exposed_share(pace, held))
 
 
 def _band_line(device: dict) -> list[str]:
@@ -147,8 +148,8 @@ def _band_line(device: dict) -> list[str]:
         return []
     wide = [k.replace("_", " ") for k, w in b.items() if w > USEFUL]
     return [f"# prediction band: step time +-{b['step_time']:.0%}, communication overhead +-{b['comm_overhead']:.0%} "
-            f"(2 standard deviations of a run's mean against this calibration's: the level's drift over {BLOCKS} blocks "
-            "of its steps and collectives and each one's scatter, plus "
+            f"(a 95% band on a run's mean against this calibration's: the level's drift over {BLOCKS} blocks "
+            "of its steps and collectives and each one's scatter, weighed by their share of a step, plus "
             "the CPU share stolen and the change of a core's share while it ran; calibration/band.py)"
             + (f"; wider than +-{USEFUL:.0%} for {', '.join(wide)}: this host moved too much while it was measured"
                if wide else "") + "."]
