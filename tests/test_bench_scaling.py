@@ -63,7 +63,8 @@ def synthetic_run(model, strategy, lr, steps, law):
     return {**run, "curve": curve, "val_loss": curve[-1]}
 
 
-def test_check_recovers_a_ladder_the_laws_made(tmp_path, capsys):
+def test_check_recovers_a_ladder_the_laws_made(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(S, "RATE_EXPONENTS", (0.0, 1.0))  # the profile's grid's ends: 2 fits, not 11
     runs = {}
     for model in B.SIZES:
         steps = B.budget_steps(model, 2)
@@ -108,7 +109,8 @@ def test_a_size_run_at_three_seeds_is_stood_for_by_its_median_seed():
     assert sorted(r["seed"] for r in extra["ddp"][model]) == [0, 1]
 
 
-def test_the_curve_laws_rate_exponent_is_profiled_on_the_tuning_grid_and_carries_to_another_peak():
+def test_the_curve_laws_rate_exponent_is_profiled_on_the_tuning_grid_and_carries_to_another_peak(monkeypatch):
+    monkeypatch.setattr(S, "RATE_EXPONENTS", (0.0, 0.5, 1.0))  # 3 fits, not 11
     # curves that do not depend on the peak rate (the law read at gamma 0): every fitted size at
     # two rates, the held-out size at a third, half the fitted sizes' tuned rate
     def made(model, lr, seed=0):

@@ -242,11 +242,12 @@ def at_rate(lrs, gamma: float = 1.0, ref: float | None = None) -> np.ndarray:
     return eta * (eta.max() / ref) ** (gamma - 1.0)
 
 
-def profile_rate(fit_at, exponents=RATE_EXPONENTS) -> tuple[float, dict]:
+def profile_rate(fit_at, exponents=None) -> tuple[float, dict]:
     """(the gamma whose fit has the lowest objective, {gamma: objective}); ``fit_at(gamma)``
-    fits the whole-curve law with every schedule read at that gamma. Ties go to the larger
-    gamma (the paper's form)."""
-    objectives = {g: fit_at(g).objective for g in exponents}
+    fits the whole-curve law with every schedule read at that gamma, for each of
+    ``exponents`` (default :data:`RATE_EXPONENTS`). Ties go to the larger gamma (the
+    paper's form)."""
+    objectives = {g: fit_at(g).objective for g in (RATE_EXPONENTS if exponents is None else exponents)}
     best = min(objectives, key=lambda g: (objectives[g], -g))
     return best, objectives
 
