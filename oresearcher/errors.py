@@ -7,6 +7,7 @@ traceback. Anything else is a bug and keeps its traceback.
 from __future__ import annotations
 
 import argparse
+import logging
 import reprlib
 import sys
 from typing import Any, Callable
@@ -38,8 +39,16 @@ class Parser(argparse.ArgumentParser):
         raise UserError(f"{message[:300]} (see --help)")
 
 
+NOTICES = "oresearcher.tasks"  # the loggers whose INFO lines every command shows: a task preparing its
+# data or its base (minutes of work a user should see start and end)
+
+
 def cli_main(main: Callable[[list[str] | None], int | None], argv=None) -> int:
-    """Run ``main(argv)``; turn UserError into one stderr line and exit code 2."""
+    """Run ``main(argv)``; turn UserError into one stderr line and exit code 2. Logging, where
+    the command has not set it up itself: warnings and the tasks' notices (:data:`NOTICES`),
+    each as its bare message on stderr."""
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    logging.getLogger(NOTICES).setLevel(logging.INFO)
     try:
         return int(main(argv) or 0)
     except UserError as e:

@@ -30,7 +30,7 @@ from . import cache
 from .data import batches, prepare, windows
 from .model import CONFIG, WEIGHTS, build_model, model_config
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("oresearcher.tasks.text.pretrain")  # its name also when run as python -m
 VERSION = 1  # of the training recipe below: part of the key
 
 
@@ -103,9 +103,8 @@ def find_or_pretrain(opts, name: str) -> Path:
     with cache.locked(root):
         if cache.read_manifest(folder, key) is not None:
             return folder
-        print(f"text: pretraining the base {name} on {p.corpus} ({p.steps} steps of {p.batch} x {ctx} tokens, "
-              f"{p.steps * p.batch * ctx / len(train_data.tokens):.2f} epochs); cached in {folder}",
-              file=sys.stderr, flush=True)
+        log.info("text: pretraining the base %s on %s (%d steps of %d x %d tokens, %.2f epochs); cached in %s",
+                 name, p.corpus, p.steps, p.batch, ctx, p.steps * p.batch * ctx / len(train_data.tokens), folder)
         t0 = time.perf_counter()
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(p.seed)
@@ -115,8 +114,8 @@ def find_or_pretrain(opts, name: str) -> Path:
         meta = {**inputs, "final_train_loss": losses[-1], "val_loss": val, "seconds": time.perf_counter() - t0}
         files = _checkpoint_bytes(module, name, meta)
         cache.write_folder(root, folder, key, files, {"inputs": inputs})
-        print(f"text: base {name} pretrained in {meta['seconds']:.0f} s: {p.corpus} validation loss "
-              f"{val:.3f} nats/token", file=sys.stderr, flush=True)
+        log.info("text: base %s pretrained in %.0f s: %s validation loss %.3f nats/token", name, meta["seconds"],
+                 p.corpus, val)
     return folder
 
 
