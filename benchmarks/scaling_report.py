@@ -116,6 +116,12 @@ def rate_exponent(runs: list[dict], chosen_ddp: dict) -> dict | None:
             "rates": rates, "runs": len(pts)}
 
 
+def read_at(rate: dict | None) -> tuple[float, float | None]:
+    """(gamma, ref) the curve laws read schedules at: :func:`rate_exponent`'s, else the paper's
+    gamma 1."""
+    return (rate["gamma"], rate["ref"]) if rate else (1.0, None)
+
+
 def seed_band(fitted: list[dict], others: dict, n: float, start: S.Fit,
               q: tuple = (2.5, 97.5)) -> tuple[float, float] | None:
     """The spread of the size law's prediction at ``n`` from the seeds: refitted on every
@@ -159,7 +165,7 @@ def held_out(runs: dict, seeds_of: dict | None = None, rate: dict | None = None)
     measured = float(np.median([math.inf if c is None else c for c in crossings]))  # never: past the run
     measured = None if math.isinf(measured) else measured  # the median seed never got there
     final = float(np.median([r["val_loss"] for r in seeds]))
-    gamma, ref = (rate["gamma"], rate["ref"]) if rate else (1.0, None)
+    gamma, ref = read_at(rate)
     coef = fit_curve(fitted, gamma, ref).coef
     lrs = S.at_rate(schedule(held), gamma, ref)
     pred_steps = S.steps_to(coef, held["n"], lrs, target)
@@ -239,7 +245,7 @@ def report(ladder: dict) -> dict:
     runs = list(ladder["runs"].values())
     chosen, tuned, shorter, extra = pick(runs)
     rate = rate_exponent(runs, chosen.get("ddp", {}))
-    gamma, ref = (rate["gamma"], rate["ref"]) if rate else (1.0, None)
+    gamma, ref = read_at(rate)
     out = {"tuned_lr": tuned, "size_law": {}, "curve_law": {}, "held_out": {}, "points": {}, "rate": rate}
     for strategy, models in chosen.items():
         rs = sorted(models.values(), key=lambda r: r["n"])
