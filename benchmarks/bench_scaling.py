@@ -48,7 +48,9 @@ from oresearcher.scenario import validate
 from oresearcher.tasks.text.pretrain import lr_at
 
 METHOD = "ladder-v1"  # bump when what a stored run means changes
-SIZES = ("text-6k", "text-12k", "text-25k", "text-50k", "text-230k")  # 4 fitted (8.6x), held out 4.7x past them
+SIZES = ("text-6k", "text-12k", "text-25k", "text-50k", "text-100k", "text-230k", "text-450k")
+# the held-out check (scaling_report.split): text-450k from the 5 sizes up to text-100k (4.5x past
+# them); text-230k, 4.7x past the 4 up to text-50k, is a second, smaller one
 # strategy -> scenario overrides (dotted path -> value); the cooperative program with its defaults
 STRATEGIES = {
     "ddp": {"training.strategy": "ddp"},

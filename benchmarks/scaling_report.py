@@ -24,6 +24,8 @@ from oresearcher.tasks.text.pretrain import lr_at
 CURVE_POINTS = 60  # points per curve the whole-curve law is fitted to (log-spaced after warm-up)
 DRAWS = 200  # bootstrap draws of each size law
 TARGET_AT = 5 / 6  # the target: the held-out run's smoothed loss here, inside its last third
+HELD_OUT_FACTOR = 4  # a held-out size is at least this many times every size its laws are fitted on
+MIN_FITTED = 4  # sizes a held-out check fits on, at least
 
 
 def pick(runs: list[dict]) -> tuple[dict, dict, list, dict]:
@@ -98,16 +100,33 @@ def fit_curve(runs: list[dict], gamma: float = 1.0, ref: float | None = None) ->
     return S.fit_curves(n, s1, s2, loss)
 
 
-def rate_exponent(runs: list[dict], chosen_ddp: dict) -> dict | None:
-    """The curve law's rate exponent gamma (S.profile_rate), profiled on data parallel's runs
-    at every size but the largest (every stored rate, budget and seed: the tuning grid is where
-    the peak rate varies), against the largest fitted size's tuned rate. None without two
-    peak rates among them."""
-    order = sorted(chosen_ddp.values(), key=lambda r: r["n"])
-    if len(order) < 4:
+def split(runs: dict, held: str | None = None) -> tuple[list[dict], dict] | None:
+    """(the fitted sizes' runs, the held-out size's run) of a held-out check at ``held``
+    (default: the largest size): the laws are fitted on every size at most 1 /
+    :data:`HELD_OUT_FACTOR` of it; None with fewer than :data:`MIN_FITTED` such sizes."""
+    order = sorted(runs.values(), key=lambda r: r["n"])
+    if not order or (held is not None and held not in runs):
         return None
-    ref = order[-2]["lr"]
-    pts = [r for r in runs if r["strategy"] == "ddp" and r["n"] < order[-1]["n"]]
+    target = runs[held] if held is not None else order[-1]
+    fitted = [r for r in order if r["n"] * HELD_OUT_FACTOR <= target["n"]]
+    return (fitted, target) if len(fitted) >= MIN_FITTED else None
+
+
+def held_out_sizes(runs: dict) -> list[str]:
+    """Every size a held-out check can stand at (:func:`split`), the largest last."""
+    return [r["model"] for r in sorted(runs.values(), key=lambda r: r["n"]) if split(runs, r["model"])]
+
+
+def rate_exponent(runs: list[dict], chosen_ddp: dict, held: str | None = None) -> dict | None:
+    """The curve law's rate exponent gamma (S.profile_rate), profiled on data parallel's runs
+    at the sizes the held-out check at ``held`` (default: the largest size) fits on (every
+    stored rate, budget and seed: the tuning grid is where the peak rate varies), against the
+    largest fitted size's tuned rate. None without such a check or two peak rates."""
+    parts = split(chosen_ddp, held)
+    if parts is None:
+        return None
+    ref = parts[0][-1]["lr"]
+    pts = [r for r in runs if r["strategy"] == "ddp" and r["n"] <= parts[0][-1]["n"]]
     rates = sorted({r["lr"] for r in pts})
     if len(rates) < 2:
         return None
@@ -141,18 +160,20 @@ def seed_band(fitted: list[dict], others: dict, n: float, start: S.Fit,
     return float(lo), float(hi)
 
 
-def held_out(runs: dict, seeds_of: dict | None = None, rate: dict | None = None) -> dict | None:
-    """Fit on every size but the largest; predict the largest's final loss and steps to a
-    target; measured: the median over the largest size's seeds. ``seeds_of``: {model: its runs
-    at the other seeds}, the largest's for that median, the fitted sizes' for the prediction's
-    seed band (:func:`seed_band`). The target is the smoothed loss at :data:`TARGET_AT` of the
-    run of the seed with the median final loss, so the median seed crosses it in its last
-    third; a seed that never crosses counts as past the run. ``rate``: the curve law's rate
-    exponent (:func:`rate_exponent`); None reads schedules as Tissue et al. do (gamma 1)."""
-    order = sorted(runs.values(), key=lambda r: r["n"])
-    if len(order) < 4:
+def held_out(runs: dict, seeds_of: dict | None = None, rate: dict | None = None,
+             at: str | None = None) -> dict | None:
+    """Fit on the sizes :func:`split` gives for the size ``at`` (default: the largest); predict
+    its final loss and steps to a target; measured: the median over its seeds. ``seeds_of``:
+    {model: its runs at the other seeds}, the held-out size's for that median, the fitted
+    sizes' for the prediction's seed band (:func:`seed_band`). The target is the smoothed loss
+    at :data:`TARGET_AT` of the run of the seed with the median final loss, so the median seed
+    crosses it in its last third; a seed that never crosses counts as past the run. ``rate``:
+    the curve law's rate exponent (:func:`rate_exponent`); None reads schedules as Tissue et
+    al. do (gamma 1)."""
+    parts = split(runs, at)
+    if parts is None:
         return None
-    fitted, held = order[:-1], order[-1]
+    fitted, held = parts
     size = fit_size(fitted, draws=0)
     pred_loss = float(S.power_law(held["n"], **size.coef))
     seeds_of = seeds_of or {}
@@ -244,9 +265,12 @@ def report(ladder: dict) -> dict:
     """Every fit and check of a stored ladder (JSON-ready)."""
     runs = list(ladder["runs"].values())
     chosen, tuned, shorter, extra = pick(runs)
-    rate = rate_exponent(runs, chosen.get("ddp", {}))
+    ddp = chosen.get("ddp", {})
+    rate = rate_exponent(runs, ddp)
     gamma, ref = read_at(rate)
-    out = {"tuned_lr": tuned, "size_law": {}, "curve_law": {}, "held_out": {}, "points": {}, "rate": rate}
+    out = {"tuned_lr": tuned, "size_law": {}, "curve_law": {}, "held_out": {}, "points": {}, "rate": rate,
+           "held_out_smaller": {}}
+    smaller = {at: rate_exponent(runs, ddp, at) for at in held_out_sizes(ddp)[:-1]}
     for strategy, models in chosen.items():
         rs = sorted(models.values(), key=lambda r: r["n"])
         out["points"][strategy] = [{"model": r["model"], "n": r["n"], "tokens": r["steps"] * r["tokens_per_step"],
@@ -255,6 +279,9 @@ def report(ladder: dict) -> dict:
             out["size_law"][strategy] = fit_size(rs).as_dict()
             out["curve_law"][strategy] = fit_curve(rs, gamma, ref).as_dict()
         out["held_out"][strategy] = held_out(models, extra.get(strategy), rate)
+        for at, its_rate in smaller.items():
+            if at in models:
+                out["held_out_smaller"].setdefault(at, {})[strategy] = held_out(models, extra.get(strategy), its_rate, at)
     chin = fit_chinchilla(chosen.get("ddp", {}), shorter)
     out["chinchilla_ddp"] = None if chin is None else chin.as_dict()
     out["multipliers"] = multipliers(chosen, chin)
@@ -264,16 +291,19 @@ def report(ladder: dict) -> dict:
 
 def trend_held_out(rows: dict) -> dict:
     """The simulator's own extrapolation checked: per strategy, the straight line in (ln N,
-    ln m) fitted on every size but the largest (oresearcher.models.ladder_law), read at the
-    largest, beside the largest's measured m and whether its 95% band holds it."""
+    ln m) fitted on the sizes at most 1 / :data:`HELD_OUT_FACTOR` of the largest
+    (oresearcher.models.ladder_law), read at the largest, beside the largest's measured m and
+    whether its 95% band holds it."""
     from oresearcher.models.ladder_law import Trend
 
     out = {}
     for row, pts in rows.items():
         pts = sorted((p["n"], p["m"]) for p in pts if p.get("m") and math.isfinite(p["m"]) and p["m"] > 0)
-        if row == "ddp" or len(pts) < 4:
+        if row == "ddp" or not pts:
             continue
-        (n, m), fitted = pts[-1], pts[:-1]
+        (n, m), fitted = pts[-1], [p for p in pts if p[0] * HELD_OUT_FACTOR <= pts[-1][0]]
+        if len(fitted) < 3:
+            continue
         mid, low, high = Trend.fit(*zip(*fitted)).predict(n)
         out[row] = {"n": n, "measured": m, "predicted": mid, "low": low, "high": high, "inside": low <= m <= high,
                     "error": mid / m - 1}
@@ -309,20 +339,27 @@ def print_report(out: dict, made_by: list) -> None:
     for row, t in out.get("trend_held_out", {}).items():
         print(f"held-out trend {row}: m at N {t['n']:,} predicted {t['predicted']:.3g} [{t['low']:.3g}-{t['high']:.3g}],"
               f" measured {t['measured']:.3g} ({100 * t['error']:+.0f}%; {'inside' if t['inside'] else 'outside'} the band)")
+    for at, rows in out.get("held_out_smaller", {}).items():
+        for strategy, h in rows.items():
+            print_held_out(f"held-out at {at}, a smaller check, {strategy}", h)
     for strategy, h in out["held_out"].items():
-        if h is None:
-            print(f"held-out {strategy}: fewer than 4 sizes, no check")
-            continue
-        steps = ("none: the median seed never reaches the target" if h["steps"] is None else
-                 "none: never reached (predicted)" if h["steps_error"] is None else f"{100 * h['steps_error']:+.1f}%")
-        band = h.get("band")
-        band = "" if band is None else (f" [seeds' band {band[0]:.4f}-{band[1]:.4f}: measured "
-                                        f"{'inside' if band[0] <= h['final_loss'] <= band[1] else 'outside'}]")
-        print(f"held-out {strategy}: final loss error {100 * h['final_error']:+.1f}%, steps to target error {steps}"
-              f"  ({h['model']}, {h['n'] / h['largest_fitted_n']:.1f}x the largest fitted, {len(h['seeds'])} seed(s):"
-              f" loss {h['final_loss']:.4f} predicted {h['predicted_loss']:.4f}{band}; curve law's final "
-              f"{h['curve_final']:.4f}; target {h['target']:.3f} at step "
-              f"{'-' if h['steps'] is None else format(h['steps'], 'g')}, predicted {h['predicted_steps']}; seeds' steps {h['steps_per_seed']})")
+        print_held_out(f"held-out {strategy}", h)
+
+
+def print_held_out(label: str, h: dict | None) -> None:
+    if h is None:
+        print(f"{label}: fewer than {MIN_FITTED} sizes {HELD_OUT_FACTOR}x below the largest, no check")
+        return
+    steps = ("none: the median seed never reaches the target" if h["steps"] is None else
+             "none: never reached (predicted)" if h["steps_error"] is None else f"{100 * h['steps_error']:+.1f}%")
+    band = h.get("band")
+    band = "" if band is None else (f" [seeds' band {band[0]:.4f}-{band[1]:.4f}: measured "
+                                    f"{'inside' if band[0] <= h['final_loss'] <= band[1] else 'outside'}]")
+    print(f"{label}: final loss error {100 * h['final_error']:+.1f}%, steps to target error {steps}"
+          f"  ({h['model']}, {h['n'] / h['largest_fitted_n']:.1f}x the largest fitted, {len(h['seeds'])} seed(s):"
+          f" loss {h['final_loss']:.4f} predicted {h['predicted_loss']:.4f}{band}; curve law's final "
+          f"{h['curve_final']:.4f}; target {h['target']:.3f} at step "
+          f"{'-' if h['steps'] is None else format(h['steps'], 'g')}, predicted {h['predicted_steps']}; seeds' steps {h['steps_per_seed']})")
 
 
 def fit_args(d: dict) -> dict:

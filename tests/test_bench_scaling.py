@@ -29,7 +29,7 @@ def test_the_two_smallest_sizes_train_are_stored_and_are_not_trained_again(tmp_p
     assert ladder["made_by"][0]["command"].endswith(" ".join(argv)) and ladder["made_by"][0]["host"]
     assert sum(r["strategy"] == "ddp" for r in runs) >= 4  # two rates at least, each size
     out = capsys.readouterr().out
-    assert "held-out ddp: fewer than 4 sizes, no check" in out
+    assert "held-out ddp: fewer than 4 sizes 4x below the largest, no check" in out
 
     def refuse(data):
         raise AssertionError(f"trained {data['name']} again")
@@ -86,6 +86,14 @@ def test_check_recovers_a_ladder_the_laws_made(tmp_path, capsys, monkeypatch):
         assert h["model"] == largest and abs(h["steps_error"]) < 0.05
         assert f"held-out {strategy}: final loss error" in out
     assert all(r["loss_ratio"] > 1 for r in fits["multipliers"]["diloco-h10"])
+    quarter = [m for m in B.SIZES if 4 * B.non_embedding(m) <= B.non_embedding(largest)]  # the fitted sizes
+    assert len(quarter) < len(B.SIZES) - 1 and fits["held_out"]["ddp"]["largest_fitted_n"] == B.non_embedding(quarter[-1])
+    smaller = fits["held_out_smaller"]  # every size with 4 sizes a quarter of it or less: a check of its own
+    assert smaller and largest not in smaller
+    for at, rows in smaller.items():
+        fitted = [m for m in B.SIZES if 4 * B.non_embedding(m) <= B.non_embedding(at)]
+        assert len(fitted) >= 4 and rows["ddp"]["largest_fitted_n"] == B.non_embedding(fitted[-1])
+        assert abs(rows["diloco-h10"]["steps_error"]) < 0.05 and f"held-out at {at}, a smaller check, ddp:" in out
     h = fits["held_out"]["ddp"]  # the median over the held-out size's three seeds, the median seed's run first
     assert sorted(h["seeds"]) == [0, 1, 2] and h["final_loss"] == sorted(h["final_losses"])[1] == h["final_losses"][0]
     assert h["seeds"][0] == 0  # E 2.0 lies between the other seeds' 1.99 and 2.02
